@@ -407,3 +407,128 @@ def _always_half(text, golds, parsing_timeout, verify_timeout):
 def test_custom_score_fn_in_process():
     reward = MathReward(num_workers=0, score_fn=_always_half)
     assert reward.score_with_status([r"\boxed{1}", "x"], ["1", "2"]) == [(0.5, "custom"), (0.5, "custom")]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Exact fast paths of the workers: same results as the plain rule
+# ------------------------------------------------------------------------------------------------------------------
+
+# LaTeX that Math-Verify hands to latex2sympy: answers of every kind, strings whose SLL parse bails out but which
+# LL parses (the ambiguous ``x^{3}``, relations), and strings that fail in both modes (malformed).
+LATEX_CORPUS = [
+    "5", "-7", "0.75", "12{,}345", "1,000", "\\frac{3}{4}", "\\dfrac{3}{4}", "3/4", "2\\sqrt{3}", "\\sqrt{12}",
+    "3\\pi", "25\\%", "45^\\circ", "[-2, 5)", "(-\\infty, 3]", "x \\in (0, 1)", "(3, -1)", "\\{1, 2, 3\\}", "1, 2",
+    "x^2 - 4", "(x-2)(x+2)", "y = 2x + 3", "x = 5", "x > 2", "\\text{(B)}", "\\log_2 8", "\\binom{6}{2}", "2^{10}",
+    "a_{n+1} = 2a_n + 1", "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "x^{3}", "x^{6}", "x^2 - 16",
+    "x^{2}-16", "x^2 + 16", "a_{n+1} = 46 a_n - 5", "\\frac{a+b}{2}", "x^{3} + 3x - 1 = 0", "7 + 8 = 15",
+    "\\{-3, 4\\}", "\\{4,-3\\}", "\\left(2, 5\\right)", "\\pi \\cdot 4", "4 \\pi", "x \\leq 3 \\text{ or } x > 5",
+    "\\frac{1}{\\sqrt{2}}", "\\sin^2 x + \\cos^2 x", "\\int_0^1 x\\,dx", "\\sum_{k=1}^{n} k", "f(x) = x^2",
+    "{\\frac{471}{2}", "{\\frac{y = 6x + 6}{2}", "{\\frac{[-6, 2)}{2}", "\\frac{", "}{", "x^", "((1)", "\\sqrt",
+    "1 2 3 (", "\\boxed{", "a = b = c = 3", "3 \\times 10^{5}", "\\overline{AB}", "|x - 1| < 2", "\\infty",
+]
+
+
+def _fast_paths_differential(latex: list[str], cases: list[tuple[str, str]]) -> dict:
+    """In a fresh interpreter: convert ``latex`` and score ``cases`` with the plain code, install the fast paths,
+    do it again. Returns both results and the two-stage parser's counts."""
+    import json
+    import subprocess
+    import sys
+
+    script = r"""
+import json, sys
+from sympy import srepr
+from latex2sympy2_extended.latex2sympy2 import latex2sympy
+from or1_trl.rewards import math as m
+
+m._quiet_math_verify_logs()
+latex, cases = json.load(sys.stdin)
+
+def convert(s):
+    try:
+        return "ok " + srepr(latex2sympy(s, normalization_config=None))
+    except Exception as e:
+        return "error " + type(e).__name__
+
+def run():
+    return [convert(s) for s in latex], [list(m.score_answer(t, tuple(g))) for t, g in cases]
+
+plain = run()
+assert m._install_fast_paths()
+print(json.dumps({"plain": plain, "fast": run(), "fast_again": run(), "counts": m.TWO_STAGE_COUNTS}))
+"""
+    out = subprocess.run([sys.executable, "-c", script], input=json.dumps([latex, cases]), capture_output=True,
+                         text=True, timeout=600, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_fast_paths_give_the_plain_results():
+    prepare = MathReward(num_workers=0).prepare  # step (a) and the input guard, as the workers get them
+    cases = [(prepare(c[1]), list(math_module.normalize_golds(c[2]))) for c in CASES]
+    got = _fast_paths_differential(LATEX_CORPUS, cases)
+    plain_latex, plain_scores = got["plain"]
+    fast_latex, fast_scores = got["fast"]
+    diff = [(s, p, f) for s, p, f in zip(LATEX_CORPUS, plain_latex, fast_latex) if p != f]
+    assert not diff, f"(latex, plain, two-stage): {diff}"
+    assert fast_scores == plain_scores
+    assert got["fast_again"] == got["plain"]  # second pass: memoised verify outcomes, warm DFA
+    # Both stages were exercised: SLL decided most inputs; LL re-ran the malformed ones and the ambiguous ones.
+    assert got["counts"]["sll"] > got["counts"]["ll"] > 0
+    by_input = dict(zip(LATEX_CORPUS, plain_latex))
+    assert by_input["x^{3}"].startswith("ok") and by_input["{\\frac{471}{2}"].startswith("error")
+
+
+def test_verify_memo_calls_verify_once_per_distinct_prediction(monkeypatch):
+    parse, verify, timeout_exc = math_module._math_verify()
+    calls = []
+
+    def counting_verify(gold, pred, **kwargs):
+        calls.append(pred[1])
+        return verify(gold, pred, **kwargs)
+
+    monkeypatch.setattr(math_module, "_math_verify", lambda: (parse, counting_verify, timeout_exc))
+    group = [r"So \boxed{2.0}.", r"Thus \boxed{2.0}", r"\boxed{2.00}", r"\boxed{\sqrt{4}}", r"\boxed{3}",
+             r"Hence \boxed{3}.", r"\boxed{2}", r"\boxed{x}", r"\boxed{\sqrt{4}}"]
+    plain = [score_answer(t, ("2",)) for t in group]
+    n_plain = len(calls)
+    monkeypatch.setattr(math_module, "_VERIFY_MEMO", math_module._VerifyMemo())
+    memo = [score_answer(t, ("2",)) for t in group]
+    assert plain == [(1.0, "verified")] * 4 + [(0.0, "wrong")] * 2 + [(1.0, "string_match"), (0.0, "wrong"),
+                                                                     (1.0, "verified")]
+    assert memo == plain
+    # Verify ran once per distinct parsed prediction: 2.0, 2.00 (another Float precision: another key), sqrt(4),
+    # 3 and x; the repeats of 2.0, 3 and sqrt(4) came from the memo.
+    assert n_plain == 8 and calls[n_plain:] == ["2.0", "2.00", "\\sqrt{4}", "3", "x"]
+
+
+def test_verify_memo_keys_are_exact_and_bounded():
+    from sympy import Float, Integer, Symbol
+
+    parse, _, _ = math_module._math_verify()
+    memo = math_module._VerifyMemo(maxsize=2)
+    # Equal under sympy's ``==`` or equal strings, yet not the same prediction for ``verify``: different keys.
+    preds = [[Integer(2), "2"], [Integer(2), "2.0"], [Float("2.0", 15), "2.0"], [Float("2.0", 30), "2.0"],
+             [Symbol("x"), "x"], [Symbol("x", real=True), "x"], ["2"]]
+    keys = [memo.key(p, 5) for p in preds]
+    assert len(set(keys)) == len(preds)
+    half = parse(r"\boxed{0.5}")
+    assert memo.key(half, 5) == memo.key(parse(r"So \boxed{0.5}."), 5) != memo.key(half, 10)
+    for k, ok in zip(keys[:3], (True, False, True)):
+        memo.put(("g", k), ok)
+    assert memo.get(("g", keys[0])) is None  # evicted, least recently used
+    assert memo.get(("g", keys[1])) is False and memo.get(("g", keys[2])) is True
+
+
+def _fast_path_probe(text, golds, parsing_timeout, verify_timeout):
+    import sys
+
+    from latex2sympy2_extended.latex2sympy2 import _Latex2Sympy
+
+    worker = sys.modules["_or1_trl_math_reward_worker"]
+    return 0.0, f"two_stage={getattr(_Latex2Sympy, '_or1_two_stage', False)} memo={worker._VERIFY_MEMO is not None}"
+
+
+@pytest.mark.parametrize("fast_paths", [True, False])
+def test_workers_install_fast_paths_on_request(fast_paths):
+    with MathReward(num_workers=1, warmup=False, fast_paths=fast_paths, score_fn=_fast_path_probe) as reward:
+        assert reward.score_with_status(["x"], ["1"]) == [(0.0, f"two_stage={fast_paths} memo={fast_paths}")]
