@@ -1,13 +1,15 @@
 """Reward benchmarks: the paper's Math-Verify reward (§7.1) against TRL's ``accuracy_reward``, and the code sandbox.
 
     python benchmarks/rewards.py [--n 1000] [--only math|code] [--workers N] [--think-chars 4000] [--group 16]
-                                 [--rounds 8] [--code-n 64]
+                                 [--rounds 8] [--no-fast-paths] [--code-n 64]
 
 Math: builds ``--n`` realistic completions offline (a ``<think>`` section of ~``--think-chars`` characters of
 reasoning with inline LaTeX, then a summary with the answer in one of many formats, correct or not, boxed or not,
 or no answer at all), scores them with ``or1_trl.rewards.MathReward`` (worker pool, warm) and with
 ``trl.rewards.accuracy_reward`` (in-process, as TRL runs it), and prints Markdown tables: throughput, the ratio,
-the agreement rate, and per category where the two disagree, an example.
+the agreement rate, and per category where the two disagree, an example. The same rule also runs in-process
+(``num_workers=0``: plain Math-Verify, without the workers' exact fast paths); the benchmark fails if its scores
+differ from the pool's in any sample. ``--no-fast-paths`` turns the fast paths off in the pool too.
 
 TRL is given what it expects: conversational completions ``[{"role": "assistant", "content": ...}]`` and a
 ``solution`` column; the gold is passed as ``\\boxed{gold}`` (the wrapping the paper uses in step (d); a bare
@@ -236,7 +238,8 @@ def _scorer_process(kind: str, conn, conv, golds, warm_conv, warm_golds) -> None
         conn.send((out, time.perf_counter() - t0, time.process_time() - c0))
 
 
-def bench_math(n: int, workers: int | None, think_chars: int, seed: int, group: int, rounds: int) -> str:
+def bench_math(n: int, workers: int | None, think_chars: int, seed: int, group: int, rounds: int,
+               fast_paths: bool = True) -> str:
     import multiprocessing as mp
 
     from or1_trl.rewards import MathReward
@@ -259,7 +262,7 @@ def bench_math(n: int, workers: int | None, think_chars: int, seed: int, group: 
         proc = ctx.Process(target=_scorer_process, args=(kind, there, conv, golds, warm_conv, warm_golds))
         proc.start()
         servers[kind] = (proc, here)
-    pool = MathReward(num_workers=workers)
+    pool = MathReward(num_workers=workers, fast_paths=fast_paths)
     t0 = time.perf_counter()
     pool(conv[:1], answer=golds[:1])
     startup = time.perf_counter() - t0
@@ -312,7 +315,7 @@ def bench_math(n: int, workers: int | None, think_chars: int, seed: int, group: 
     ours_scores = [x for chunk in scores["pool"] for x in chunk]
     single_scores = [x for chunk in scores["single"] for x in chunk]
     trl_scores = [x for chunk in scores["trl"] for x in chunk]
-    assert single_scores == ours_scores, "in-process and worker-pool scores differ"
+    assert single_scores == ours_scores, "the plain rule (in-process) and the worker pool give different scores"
     restarts = pool._pool.restarts
     pool.close()
     t_ours, t_single, t_trl = seconds["pool"], seconds["single"], seconds["trl"]
@@ -326,9 +329,10 @@ def bench_math(n: int, workers: int | None, think_chars: int, seed: int, group: 
         "",
         "| scorer | processes | wall s | completions/s | × accuracy_reward | CPU ms / completion |",
         "|---|---|---|---|---|---|",
-        f"| `or1_trl.rewards.math_reward` (paper §7.1) | {pool.num_workers} workers | {t_ours:.2f} | "
+        f"| `or1_trl.rewards.math_reward` (paper §7.1) | {pool.num_workers} workers, fast paths "
+        f"{'on' if fast_paths else 'off'} | {t_ours:.2f} | "
         f"{n / t_ours:,.1f} | **{t_trl / t_ours:.2f}×** | {1000 * cpu['pool'] / n:.1f} |",
-        f"| same rule, in-process (`num_workers=0`) | 1 | {t_single:.2f} | {n / t_single:,.1f} | "
+        f"| same rule, in-process (`num_workers=0`, plain) | 1 | {t_single:.2f} | {n / t_single:,.1f} | "
         f"{t_trl / t_single:.2f}× | {1000 * cpu['single'] / n:.1f} |",
         f"| `trl.rewards.accuracy_reward` | 1 | {t_trl:.2f} | {n / t_trl:,.1f} | 1.00× | "
         f"{1000 * cpu['trl'] / n:.1f} |",
@@ -336,6 +340,8 @@ def bench_math(n: int, workers: int | None, think_chars: int, seed: int, group: 
         f"Projection for {pool.num_workers} free cores (from CPU time, not a wall-clock measurement): the pool's "
         f"critical path (parent + busiest worker, per slice) is {c_ours:.2f} s → {n / c_ours:,.1f} completions/s = "
         f"**{c_trl / c_ours:.2f}×** accuracy_reward at its CPU time ({c_trl:.2f} s → {n / c_trl:,.1f}/s).",
+        "",
+        f"Scores of the pool and of the plain in-process rule: identical on all {n} completions (checked).",
         "",
         f"Worker pool start-up (first call, {pool.num_workers} workers, in no row above): {startup:.2f} s; worker "
         f"restarts: {restarts}. Warm-up before timing: {warm_n} other completions per process (see the code). "
@@ -393,11 +399,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--think-chars", type=int, default=4000, help="mean length of the <think> section")
     ap.add_argument("--group", type=int, default=16, help="samples per prompt (default 16, the paper's group size)")
     ap.add_argument("--rounds", type=int, default=8, help="interleaved timing rounds (default 8)")
+    ap.add_argument("--no-fast-paths", action="store_true", help="math reward workers without the exact fast paths")
     ap.add_argument("--code-n", type=int, default=64, help="samples for the code sandbox benchmark (default 64)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if args.only != "code":
-        print(bench_math(args.n, args.workers, args.think_chars, args.seed, args.group, args.rounds))
+        print(bench_math(args.n, args.workers, args.think_chars, args.seed, args.group, args.rounds,
+                         fast_paths=not args.no_fast_paths))
         print()
     if args.only != "math":
         print(bench_code(args.code_n))
