@@ -36,6 +36,7 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
+from .math import completion_text
 from .sandbox import Sandbox, decode_value, encode_value
 
 __all__ = ["CodeReward", "code_reward", "extract_code", "DEFAULT_IMPORT_PREFIX"]
@@ -56,22 +57,9 @@ _CODE_BLOCK = re.compile(r"```(?:python3?|py)[ \t]*\r?\n(.*?)```", re.DOTALL | r
 
 def extract_code(completion) -> str | None:
     """The last ```python fenced block of a completion (a string or a list of chat messages), or None."""
-    text = _completion_text(completion)
+    text = completion_text(completion)
     blocks = _CODE_BLOCK.findall(text)
     return blocks[-1] if blocks else None
-
-
-def _completion_text(completion) -> str:
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, dict):
-        completion = [completion]
-    if isinstance(completion, (list, tuple)) and completion:
-        content = completion[-1].get("content", "") if isinstance(completion[-1], dict) else completion[-1]
-        if isinstance(content, list):  # multimodal-style content parts
-            return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        return content if isinstance(content, str) else ""
-    return ""
 
 
 # ---------------------------------------------------------------------------------------------------------
