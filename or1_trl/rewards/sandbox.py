@@ -74,6 +74,7 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
 
 __all__ = [
@@ -276,7 +277,7 @@ def _child_run(job, test, nonce: bytearray, fds, code_obj):
             result = fn(*args)
             payload = dumps({"value": enc(result)})
         else:  # assert
-            ns["__or1_record__"] = __or1_record__
+            ns["__or1_record__"] = __or1_record__  # again: the program may have rebound the name
             exec(compile(test["code"], "<test>", "exec"), ns)
             payload = dumps({"records": records})
     except BaseException as e:  # noqa: BLE001
@@ -298,8 +299,6 @@ def _child_run(job, test, nonce: bytearray, fds, code_obj):
 
 def _finish_threads():
     """Mimic interpreter shutdown for stdio programs: join non-daemon threads, run atexit handlers."""
-    import threading
-
     for t in threading.enumerate():
         if t is not threading.main_thread() and not t.daemon:
             t.join()
@@ -515,21 +514,12 @@ def _driver_main():
 
 _BACKEND_CACHE: dict = {}
 _WARNED: set = set()
-_UID_LOCK = None
+_UID_LOCK = threading.Lock()  # CodeReward runs samples in threads: one uid per concurrently running sandbox
 _UIDS_IN_USE: set = set()
 
 
-def _uid_lock():
-    global _UID_LOCK
-    if _UID_LOCK is None:
-        import threading
-
-        _UID_LOCK = threading.Lock()
-    return _UID_LOCK
-
-
 def _acquire_uid(base: int) -> int:
-    with _uid_lock():
+    with _UID_LOCK:
         slot = 0
         while base + slot in _UIDS_IN_USE:
             slot += 1
@@ -538,7 +528,7 @@ def _acquire_uid(base: int) -> int:
 
 
 def _release_uid(uid: int):
-    with _uid_lock():
+    with _UID_LOCK:
         _UIDS_IN_USE.discard(uid)
 
 
