@@ -198,16 +198,15 @@ def score_answer(
         return 1.0, STATUS_STRING_MATCH
     # (d) semantic verification against each gold, wrapped in \boxed{} as in the paper. ``verify`` keeps its
     # default ``raise_on_error=False``: a failing (gold, prediction) pair must not stop the other pairs.
-    memo_key = _VERIFY_MEMO.key(parsed, verify_timeout) if _VERIFY_MEMO is not None else None
+    memo = _VERIFY_MEMO  # workers with fast paths only; see below
+    memo_key = memo.key(parsed, verify_timeout) if memo is not None else None
     for gold in golds:
         try:
-            if memo_key is not None:
-                ok = _VERIFY_MEMO.get((gold, memo_key))
-                if ok is None:
-                    ok = _VERIFY_MEMO.put((gold, memo_key), bool(
-                        verify(_parse_gold(gold, parsing_timeout), parsed, timeout_seconds=verify_timeout)))
-            else:
-                ok = verify(_parse_gold(gold, parsing_timeout), parsed, timeout_seconds=verify_timeout)
+            ok = memo.get((gold, memo_key)) if memo_key is not None else None
+            if ok is None:
+                ok = bool(verify(_parse_gold(gold, parsing_timeout), parsed, timeout_seconds=verify_timeout))
+                if memo_key is not None:
+                    memo.put((gold, memo_key), ok)
             if ok:
                 return 1.0, STATUS_VERIFIED
         except (Exception, TimeoutException):
@@ -314,11 +313,10 @@ class _VerifyMemo:
             self._items.move_to_end(key)
         return ok
 
-    def put(self, key: tuple, ok: bool) -> bool:
+    def put(self, key: tuple, ok: bool) -> None:
         self._items[key] = ok
         if len(self._items) > self._maxsize:
             self._items.popitem(last=False)
-        return ok
 
 
 _VERIFY_MEMO: _VerifyMemo | None = None
