@@ -253,14 +253,21 @@ class OR1Trainer(GRPOTrainer):
         low = ((ratio < 1 - self.epsilon_low) & (advantages < 0)).float()  # [b, T]
         high = ((ratio > 1 + self.epsilon_high) & (advantages > 0)).float()  # [b, T]
         per_token = torch.stack([entropies.detach(), low, high, torch.maximum(low, high)])  # [4, b, T]
-        # One all-reduce for every token-weighted mean over the kept tokens of all ranks.
-        totals = self.accelerator.reduce(torch.cat([(per_token * mask).sum(dim=(1, 2)), mask.sum().view(1)]), "sum")
-        means = (totals[:4] / totals[4]).tolist() if totals[4] > 0 else [float("nan")] * 4
+        loss_nan = torch.isnan(policy_loss.detach())
+        local = torch.cat([
+            (per_token * mask).sum(dim=(1, 2)),  # [4] token-weighted sums over the kept tokens
+            mask.sum().view(1),  # [1] kept tokens
+            torch.where(loss_nan, 0.0, policy_loss.detach()).view(1),  # [1] policy loss, NaN ranks left out
+            (~loss_nan).float().view(1),  # [1] ranks with a policy loss
+        ])
+        totals = self.accelerator.reduce(local, "sum").tolist()  # one all-reduce for every metric below
+        kept = totals[4]
+        means = [t / kept for t in totals[:4]] if kept > 0 else [float("nan")] * 4
         metrics = self._metrics[mode]
         for key, value in zip(("entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"), means):
             metrics[key].append(value)
         metrics["entropy/alpha"].append(alpha)
-        metrics["policy_loss"].append(self.accelerator.gather(policy_loss.detach()).nanmean().item())
+        metrics["policy_loss"].append(totals[5] / totals[6] if totals[6] > 0 else float("nan"))
         if mode == "train":
             metrics["rejection/rows_forwarded"].append(float(mask.size(0)))
 
