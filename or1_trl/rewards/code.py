@@ -222,6 +222,9 @@ class CodeReward:
     CPU count). All limits are per sample and enforced by :class:`or1_trl.rewards.sandbox.Sandbox`.
     """
 
+    #: Dataset columns TRL must pass (checked by `OR1Trainer` at construction): the unit tests.
+    required_columns = ("tests",)
+
     def __init__(self, timeout_per_test: float = 6.0, total_timeout: float = 60.0, memory_mb: int = 1024,
                  max_processes: int = 32, max_output_bytes: int = 1 << 20, max_file_bytes: int = 16 << 20,
                  num_workers: int | None = None, partial: bool = False, backend: str = "auto",

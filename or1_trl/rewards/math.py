@@ -755,6 +755,9 @@ class MathReward:
             the CPU time. ``num_workers=0`` always runs the plain rule. See the module docstring.
     """
 
+    #: Dataset columns TRL must pass (checked by `OR1Trainer` at construction): the gold answer(s).
+    required_columns = ("answer",)
+
     def __init__(
         self,
         num_workers: int | None = None,
