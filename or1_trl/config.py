@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 
@@ -12,6 +13,13 @@ from .entropy import ENTROPY_PRESETS
 REJECTION_MODES = ("compact", "mask", "off")
 ENTROPY_ESTIMATORS = ("full", "sampled")
 TOP_ENTROPY_NORMALIZATIONS = ("all", "selected")
+# New OR1Config fields, and the value that behaves as TRL's GRPOTrainer does.
+_TRL_BEHAVIOUR = {"rejection_sampling": "off", "entropy_estimator": "full", "top_entropy_normalization": "all"}
+
+
+def _field_default(dataclass_type, name: str):
+    f = {f.name: f for f in dataclasses.fields(dataclass_type)}[name]
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 @dataclass
@@ -125,6 +133,32 @@ class OR1Config(GRPOConfig):
             or self.entropy_coef != 0.0
             or (self.top_entropy_quantile < 1.0 and self.top_entropy_normalization == "selected")
         )
+
+    def changed_defaults(self) -> list[tuple[str, object, object]]:
+        """`(field, value, GRPOConfig's default)` for every field left at an OR1 default that differs from TRL's.
+
+        "Left at" is judged by value (a field set explicitly to the OR1 default is listed too). `OR1Trainer` logs
+        these once at start, so that swapping `GRPOConfig` for `OR1Config` changes nothing unannounced (e.g. the
+        learning-rate schedule: constant, the paper's, instead of TRL's linear decay).
+        """
+        changed = []
+        for f in dataclasses.fields(self):
+            if not f.init:
+                continue
+            default = _field_default(OR1Config, f.name)
+            if default is None and f.name in ENTROPY_PRESETS["paper"]:
+                default = ENTROPY_PRESETS["paper"][f.name]
+            if f.name in _TRL_BEHAVIOUR:
+                trl = _TRL_BEHAVIOUR[f.name]
+            elif f.name in {g.name for g in dataclasses.fields(GRPOConfig)}:
+                trl = _field_default(GRPOConfig, f.name)
+            else:
+                continue
+            value = getattr(self, f.name)
+            value = getattr(value, "value", value)  # enums (e.g. SchedulerType) as their plain value
+            if value == default and value != trl:
+                changed.append((f.name, value, trl))
+        return changed
 
     @property
     def sgd_steps_per_rollout(self) -> float:

@@ -23,19 +23,24 @@ plain `GRPOConfig`, the trainer is `GRPOTrainer` unchanged.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 import torch
+from transformers import trainer as hf_trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import logging
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
+from . import checkpoint
 from .config import OR1Config
+from .data import check_reward_columns
 from .entropy import AdaptiveEntropyController
 from .loss import ppo_clip_per_token_loss, sampled_token_entropy
 from .rejection import WEIGHT_KEY, compact_batch, group_outcomes, mask_batch
+
+logger = logging.get_logger(__name__)
 
 # Batch entries TRL forwards to the model besides ids and masks (multimodal models).
 _FORWARD_KEYS = (
@@ -51,6 +56,8 @@ _FORWARD_KEYS = (
     "image_position_ids",
 )
 OR1_STATE_FILE = "or1_state.json"
+TRL_ENTROPY_STATE_FILE = "entropy_ctrl_state.json"  # written by GRPOTrainer._save_checkpoint
+KEPT_ROWS_KEY = "or1_kept_rows"  # rows with at least one trainable token, over all ranks (batch-level scalar)
 
 
 class OR1Trainer(GRPOTrainer):
@@ -73,10 +80,15 @@ class OR1Trainer(GRPOTrainer):
     _tag_names = ["trl", "grpo", "or1"]
     _name = "OR1"
 
-    def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *rest, **kwargs):
+    def __init__(
+        self, model, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None, *rest, **kwargs
+    ):
         if args is None:
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = OR1Config(f"{model_name.split('/')[-1]}-OR1")
+        # Bad input fails here, before the model is loaded or anything is generated.
+        check_reward_columns(reward_funcs, train_dataset, "train_dataset")
+        check_reward_columns(reward_funcs, eval_dataset, "eval_dataset")
         is_or1 = isinstance(args, OR1Config)
         self.entropy_controller = AdaptiveEntropyController(
             target=args.entropy_target,
@@ -90,10 +102,17 @@ class OR1Trainer(GRPOTrainer):
         self._rejection_mode = args.rejection_sampling if is_or1 else "off"
         self._entropy_window = None  # [Σ e·m, Σ m] over the micro-steps of the current optimizer step
         self._rewards_all_ranks = None  # [B*G, n_funcs], stashed by _calculate_rewards for rejection
-        self._skip_update = False  # every group of the current rollout was rejected
+        self._skip_update = False  # no trainable token in the current rollout, on any rank
         self.or1_rows_forwarded = 0
         self.or1_skipped_steps = 0
-        super().__init__(model, reward_funcs, args, *rest, **kwargs)
+        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *rest, **kwargs)
+        if is_or1 and self.accelerator.is_main_process:
+            changed = args.changed_defaults()
+            if changed:
+                logger.warning(
+                    "OR1Config runs the MAGIC recipe; these defaults differ from GRPOConfig's (set them to change): "
+                    + ", ".join(f"{name}={value!r} (GRPOConfig: {trl!r})" for name, value, trl in changed)
+                )
 
     # TRL's own controller state (`entropy_coef`, `_last_world_entropy`) is our controller's state, so TRL's
     # checkpointing (`entropy_ctrl_state.json`) saves and restores it unchanged.
@@ -123,29 +142,36 @@ class OR1Trainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         batch = super()._generate_and_score_completions(inputs)
-        if self._rejection_mode == "off" or not self.model.training:
+        if not self._or1_loss_enabled or not self.model.training:
             return batch
 
-        # The scalar reward of each row over all ranks, as TRL sums it (NaN where every function abstained).
-        rewards_per_func = self._rewards_all_ranks
-        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)  # [B*G]
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        outcomes = group_outcomes(rewards, self.num_generations)
-        for name, value in outcomes.fractions().items():
-            self._metrics["train"][f"rejection/{name}"].append(value)
+        if self._rejection_mode != "off":
+            # The scalar reward of each row over all ranks, as TRL sums it (NaN where every function abstained).
+            rewards_per_func = self._rewards_all_ranks
+            rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)  # [B*G]
+            rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+            outcomes = group_outcomes(rewards, self.num_generations)
+            for name, value in outcomes.fractions().items():
+                self._metrics["train"][f"rejection/{name}"].append(value)
 
-        num_local = len(inputs)
-        start = self.accelerator.process_index * num_local
-        keep_rows = outcomes.keep.repeat_interleave(self.num_generations)[start : start + num_local]  # [b]
-        self._skip_update = not bool(outcomes.keep.any())
+            num_local = len(inputs)
+            start = self.accelerator.process_index * num_local
+            keep_rows = outcomes.keep.repeat_interleave(self.num_generations)[start : start + num_local]  # [b]
+            if self._rejection_mode == "compact":
+                batch = compact_batch(batch, keep_rows.to(batch["completion_ids"].device), self.args.steps_per_generation)
+            else:
+                batch = mask_batch(batch, keep_rows)
 
-        if self._rejection_mode == "compact":
-            batch = compact_batch(batch, keep_rows.to(batch["completion_ids"].device), self.args.steps_per_generation)
-        else:
-            batch = mask_batch(batch, keep_rows)
-        # T_k: every token of the kept groups, over all ranks (eq. 3.1's normaliser).
-        kept_tokens = self._loss_mask(batch).sum()
-        batch["num_items_in_batch"] = self.accelerator.gather(kept_tokens).sum()
+        # T_k: every trainable token of the kept groups, over all ranks (eq. 3.1's normaliser); and the rows that
+        # hold them (the 80/20 "selected" normaliser weighs micro-steps by their share of these rows).
+        mask = self._loss_mask(batch)  # [b, T]
+        local = torch.stack([mask.sum(), (mask.sum(dim=1) > 0).sum().float()])  # [2]
+        kept_tokens, kept_rows = self.accelerator.gather(local).view(-1, 2).sum(dim=0)
+        batch["num_items_in_batch"] = kept_tokens
+        batch[KEPT_ROWS_KEY] = kept_rows
+        # Nothing to train on anywhere (every group rejected, or every completion masked, e.g. all truncated with
+        # mask_truncated_completions): the step runs its zero-weight backward passes and then skips the update.
+        self._skip_update = kept_tokens.item() == 0
         return batch
 
     @staticmethod
@@ -161,12 +187,13 @@ class OR1Trainer(GRPOTrainer):
     def training_step(self, model, inputs, num_items_in_batch):
         loss = super().training_step(model, inputs, num_items_in_batch)
         if self._skip_update and self.accelerator.sync_gradients:
-            # Every group was rejected: the backward passes ran with weight 0 (keeping ranks in step); now make the
-            # optimizer skip the update entirely (torch optimizers skip parameters whose grad is None).
+            # No trainable token in the step: the backward passes ran with weight 0 (keeping ranks in step); now make
+            # the optimizer skip the update entirely (torch optimizers skip parameters whose grad is None), so that
+            # neither Adam's momentum nor weight decay moves the weights.
             model.zero_grad(set_to_none=True)
             self.or1_skipped_steps += 1
-        if self.accelerator.sync_gradients and self._rejection_mode != "off":
-            self._metrics["train"]["rejection/skipped_steps"].append(float(self.or1_skipped_steps))
+        if self.accelerator.sync_gradients and self._or1_loss_enabled:
+            self._metrics["train"]["skipped_steps"].append(float(self.or1_skipped_steps))
         return loss
 
     # ---------------------------------------------------------------------------------------------------------
@@ -210,18 +237,27 @@ class OR1Trainer(GRPOTrainer):
         if mode == "train":
             tokens_share = tokens_share * accumulation / self.args.steps_per_generation
 
-        # 80/20 rule: policy gradient only on the top-ρ entropy tokens (quantile over all ranks, TRL's mask).
+        # 80/20 rule: policy gradient only on the top-ρ entropy tokens of this micro-batch (quantile over all ranks,
+        # TRL's mask and the official code's rule).
         policy_mask, policy_norm = mask, tokens_share
         if self.top_entropy_quantile < 1.0:
             policy_mask = mask * self.get_high_entropy_mask(entropies.detach(), mask, 1 - self.top_entropy_quantile)
             if self.args.top_entropy_normalization == "selected":
-                selected = self.accelerator.reduce(policy_mask.sum().detach(), reduction="sum")
-                policy_norm = selected.clamp(min=1.0) / num_processes * accumulation
+                # Mean over the selected tokens of the micro-batch (all ranks), weighted by the micro-batch's share of
+                # the step's kept rows: equal weights when micro-batches hold equal kept rows (the official code's
+                # average over micro-batches); a micro-batch of padding rows weighs 0 instead of diluting the others.
+                local = torch.stack([policy_mask.sum(), (mask.sum(dim=1) > 0).sum().float()]).detach()  # [2]
+                selected, rows = self.accelerator.reduce(local, reduction="sum")
+                rows_share = inputs.get(KEPT_ROWS_KEY, rows) / num_processes  # eval: this one batch
+                if mode == "train":
+                    rows_share = rows_share * accumulation / self.args.steps_per_generation
+                policy_norm = selected.clamp(min=1.0) * rows_share / rows.clamp(min=1.0)
 
         policy_loss = (per_token_loss * policy_mask).sum() / policy_norm
         alpha = self.entropy_controller.coefficient()
-        entropy_term = (entropies * mask).sum() / tokens_share  # H summed over every kept token, / T_k
-        loss = policy_loss - alpha * entropy_term
+        loss = policy_loss
+        if alpha != 0.0:  # α = 0 (the controller's usual state): no entropy term, so no entropy gradient either
+            loss = loss - alpha * (entropies * mask).sum() / tokens_share  # α·H summed over every kept token, / T_k
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
 
@@ -272,20 +308,72 @@ class OR1Trainer(GRPOTrainer):
             metrics["rejection/rows_forwarded"].append(float(mask.size(0)))
 
     # ---------------------------------------------------------------------------------------------------------
-    # Checkpointing: TRL saves the controller (entropy_ctrl_state.json); we add our counters.
+    # Checkpointing (`checkpoint.py`): TRL saves the controller (entropy_ctrl_state.json); we add our state, then
+    # the completeness marker; only then may transformers rotate old checkpoints away.
     # ---------------------------------------------------------------------------------------------------------
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            with open(os.path.join(folder, OR1_STATE_FILE), "w") as f:
-                json.dump({"skipped_steps": self.or1_skipped_steps, "rows_forwarded": self.or1_rows_forwarded}, f)
+    def _or1_state(self) -> dict[str, dict]:
+        """`{file name: JSON state}` that a checkpoint holds besides transformers' and TRL's files."""
+        return {OR1_STATE_FILE: {"skipped_steps": self.or1_skipped_steps, "rows_forwarded": self.or1_rows_forwarded}}
 
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        path = os.path.join(checkpoint, OR1_STATE_FILE) if checkpoint is not None else None
-        if path is not None and os.path.exists(path):
-            with open(path) as f:
-                state = json.load(f)
-            self.or1_skipped_steps = state["skipped_steps"]
-            self.or1_rows_forwarded = state["rows_forwarded"]
+    def _load_or1_state(self, states: dict[str, dict]) -> None:
+        self.or1_skipped_steps = states[OR1_STATE_FILE]["skipped_steps"]
+        self.or1_rows_forwarded = states[OR1_STATE_FILE]["rows_forwarded"]
+
+    def _checkpoint_files(self) -> list[str]:
+        """Every file a checkpoint of this trainer must hold to be resumed from."""
+        files = [hf_trainer.TRAINER_STATE_NAME, *self._or1_state()]
+        if self.use_adaptive_entropy:
+            files.append(TRL_ENTROPY_STATE_FILE)
+        return files
+
+    def _save_checkpoint(self, model, trial):
+        save_total_limit = self.args.save_total_limit
+        self.args.save_total_limit = None  # hold back transformers' rotation until this checkpoint is complete
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = save_total_limit
+        if not self.args.should_save:
+            return
+        run_dir = self._get_output_dir(trial=trial)
+        folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        checkpoint.write_state(folder, self._or1_state(), self._checkpoint_files())
+        hf_trainer.rotate_checkpoints(
+            output_dir=run_dir,
+            save_total_limit=save_total_limit,
+            best_model_checkpoint=self.state.best_model_checkpoint,
+            use_mtime=True,
+        )
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
+        """`Trainer.train`, resuming only from complete checkpoints (see `or1_trl/checkpoint.py`).
+
+        `resume_from_checkpoint=True` takes the newest *complete* checkpoint of `output_dir`; an explicit folder that
+        is incomplete (the run was killed while saving it) is an error naming what it lacks.
+        """
+        required = self._checkpoint_files()
+        if resume_from_checkpoint is True:
+            found = checkpoint.last_complete_checkpoint(self.args.output_dir, required)
+            if found is None:
+                incomplete = checkpoint.checkpoints(self.args.output_dir)
+                raise ValueError(
+                    f"No complete checkpoint to resume from in {self.args.output_dir}"
+                    + (f" (incomplete: {[os.path.basename(c) for c in incomplete]})." if incomplete else ".")
+                )
+            if found != (checkpoint.checkpoints(self.args.output_dir) or [None])[-1]:
+                logger.warning(f"Resuming from {found}, the newest complete checkpoint (newer ones are incomplete).")
+            resume_from_checkpoint = found
+        elif resume_from_checkpoint:
+            missing = checkpoint.missing_files(resume_from_checkpoint, required)
+            if missing:
+                raise ValueError(
+                    f"Checkpoint {resume_from_checkpoint} is incomplete: {missing[0]} is missing (the run was probably "
+                    "stopped while saving it), so resuming from it would silently reset state. Resume from an earlier "
+                    "checkpoint, or pass resume_from_checkpoint=True to take the newest complete one."
+                )
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+
+    def _load_optimizer_and_scheduler(self, checkpoint_folder):
+        super()._load_optimizer_and_scheduler(checkpoint_folder)  # TRL restores the controller
+        if checkpoint_folder is not None:
+            self._load_or1_state({name: checkpoint.read_state(checkpoint_folder, name) for name in self._or1_state()})

@@ -11,6 +11,7 @@ from datasets import Dataset
 
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.rejection import WEIGHT_KEY
+from or1_trl.trainer import KEPT_ROWS_KEY
 from or1_trl.testing import tiny_training_args as cpu_args
 
 B, P, T = 8, 5, 7  # rows, prompt length, completion length
@@ -142,3 +143,44 @@ def test_no_full_vocabulary_logits(tiny, tmp_path):
     trainer._compute_loss(trainer.model, batch).backward()
     handle.remove()
     assert calls == []
+
+
+def _micro_batch(batch, rows):
+    index = torch.tensor(rows)
+    return {k: v if v.ndim == 0 else v[index] for k, v in batch.items()}
+
+
+@pytest.mark.parametrize("rho", [0.5, 0.2])
+def test_selected_normalisation_weighs_micro_batches_by_their_kept_rows(tiny, tmp_path, rho):
+    """80/20 "selected" over several micro-steps: Σ_j (R_j / R) · (mean over the selected tokens of micro-batch j),
+    R_j its kept rows. A micro-step holding only a zero-weight padding row (compaction, then TRL's shuffle) weighs
+    0: the micro-batches [R1, padding, R2] give exactly the loss and gradient of [R1, R2] (the old per-micro-step
+    average scaled them by 2/3)."""
+    grads, losses = {}, {}
+    for name, micro_rows in {"with_padding_micro_step": [[0, 1], [4], [2, 3]], "two_micro_steps": [[0, 1], [2, 3]]}.items():
+        steps = len(micro_rows)
+        trainer = _trainer(
+            tiny, tmp_path / name, top_entropy_quantile=rho, top_entropy_normalization="selected", rejection_sampling="mask",
+            use_adaptive_entropy=False, gradient_accumulation_steps=steps,
+        )
+        trainer.current_gradient_accumulation_steps = steps
+        batch = _fixed_batch(trainer.model, len(tiny[1]))  # rows 0-3 kept, rows 4-7 a rejected group
+        batch[KEPT_ROWS_KEY] = torch.tensor(4.0)
+        trainer.model.zero_grad()
+        losses[name] = 0.0
+        for rows in micro_rows:
+            loss = trainer._compute_loss(trainer.model, _micro_batch(batch, rows))
+            loss.backward()
+            losses[name] += loss.item()
+        grads[name] = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+
+    model = trainer.model
+    model.zero_grad()
+    reference = sum(0.5 * _reference_loss(model, _micro_batch(batch, rows), 0.0, 0.2, 0.2, rho, "selected")
+                    for rows in ([0, 1], [2, 3]))  # R_j / R = 2 / 4 each
+    reference.backward()
+    assert abs(reference.item()) > 1e-3
+    for name in grads:
+        assert losses[name] == pytest.approx(reference.item(), abs=1e-6), name
+        for param_name, param in model.named_parameters():
+            torch.testing.assert_close(grads[name][param_name], param.grad, atol=1e-6, rtol=1e-4, msg=param_name)

@@ -132,7 +132,7 @@ def test_all_rejected_step_is_skipped(tmp_path):
     for name, param in trainer.model.named_parameters():
         assert torch.equal(param, before[name]), name
     assert trainer.or1_skipped_steps == 3
-    assert logged(trainer, "rejection/skipped_steps") == [1.0, 2.0, 3.0]
+    assert logged(trainer, "skipped_steps") == [1.0, 2.0, 3.0]
     assert trainer.or1_rows_forwarded == 3 * 2  # one zero-weight row per micro-step
     assert trainer.entropy_controller.coef == 0.0  # nothing measured: c unchanged although tgt is huge
 
@@ -245,3 +245,102 @@ def test_eighty_twenty_selected_normalisation_trains(tmp_path):
         OR1Trainer, OR1Config, tmp_path, top_entropy_quantile=0.2, top_entropy_normalization="selected", learning_rate=1e-3
     )
     assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+
+
+def test_step_without_trainable_tokens_is_skipped(tmp_path):
+    """Informative groups, but every completion is truncated and masked (mask_truncated_completions): no token is
+    trained, so — like an all-rejected step — the optimizer does not move the weights (not even weight decay)."""
+    trainer, before = train(
+        OR1Trainer, OR1Config, tmp_path, reward=ScriptedReward(), dataset=tagged_dataset(["MIX"] * 16), max_steps=2,
+        learning_rate=1e-2, weight_decay=0.1, mask_truncated_completions=True, max_completion_length=2,
+        generation_kwargs={"suppress_tokens": [tiny_model_and_tokenizer()[1].eos_token_id]},  # never stops early
+    )
+    assert logged(trainer, "completions/clipped_ratio") == [1.0, 1.0]
+    assert logged(trainer, "rejection/kept_group_frac") == [1.0, 1.0]
+    for name, param in trainer.model.named_parameters():
+        assert torch.equal(param, before[name]), name
+    assert trainer.or1_skipped_steps == 2
+    assert logged(trainer, "skipped_steps") == [1.0, 2.0]
+
+
+def test_missing_reward_column_fails_before_the_model_loads(tmp_path):
+    """A dataset without the reward's gold column is an error at construction — before the (here nonexistent) model
+    is loaded, long before the first generation."""
+    from or1_trl.rewards import code_reward, math_reward
+
+    args = OR1Config(**tiny_training_args(tmp_path))
+    prompts = Dataset.from_dict({"prompt": ["Q: 1+1=? A:"] * 4, "solution": ["2"] * 4})
+    for reward, column in ((math_reward, "answer"), (code_reward, "tests")):
+        with pytest.raises(ValueError, match=rf"'{reward.__name__}' needs the dataset column\(s\) \['{column}'\]"):
+            OR1Trainer("/nonexistent/model", reward, args=args, train_dataset=prompts)
+
+    def user_reward(completions, solution, reference, **kwargs):  # TRL fills `solution`, `reference` from columns
+        return [0.0] * len(completions)
+
+    with pytest.raises(ValueError, match=r"'user_reward' needs the dataset column\(s\) \['reference'\]"):
+        OR1Trainer("/nonexistent/model", user_reward, args=args, train_dataset=prompts)
+    with pytest.raises(ValueError, match="eval_dataset has no 'prompt' column"):
+        OR1Trainer("/nonexistent/model", parity_reward, args=args, train_dataset=prompts,
+                   eval_dataset=prompts.rename_column("prompt", "question"))
+
+
+def test_required_columns_of_reward_functions():
+    from or1_trl.data import required_columns
+    from or1_trl.rewards import code_reward, math_reward
+
+    assert required_columns(math_reward) == ("answer",)
+    assert required_columns(code_reward) == ("tests",)
+    assert required_columns(parity_reward) == ()
+    assert required_columns(lambda prompts, completions, answer, trainer_state=None, **kw: 0) == ("answer",)
+    assert required_columns(lambda completions, completion_ids, log_extra, log_metric, **kw: 0) == ()
+    assert required_columns("some/reward-model") == ()
+
+
+def test_no_entropy_gradient_when_alpha_is_zero(tmp_path, monkeypatch):
+    """α = 0 (controller gate closed, the usual state): the entropy term is left out, so TRL's fused head skips its
+    entropy-gradient branch (as in GRPOTrainer), and the update equals GRPOTrainer's; with α > 0 the branch runs."""
+    from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+
+    backward = ChunkedLogProbFunction.backward
+    calls = []
+
+    def spy(ctx, grad_logprobs, grad_entropy, *rest):
+        calls.append(grad_entropy is not None)
+        return backward(ctx, grad_logprobs, grad_entropy, *rest)
+
+    monkeypatch.setattr(ChunkedLogProbFunction, "backward", staticmethod(spy))
+    common = dict(max_steps=3, learning_rate=1e-3, lr_scheduler_type="constant")
+    grpo, _ = train(GRPOTrainer, GRPOConfig, tmp_path / "trl", **common)
+    assert calls and not any(calls)
+    calls.clear()
+    gated, _ = train(OR1Trainer, OR1Config, tmp_path / "gated", **common, rejection_sampling="off", entropy_target=1e-6)
+    assert logged(gated, "entropy/alpha") == [0.0, 0.0, 0.0]
+    assert calls and not any(calls)
+    for (name, p_or1), (_, p_trl) in zip(gated.model.named_parameters(), grpo.model.named_parameters()):
+        torch.testing.assert_close(p_or1, p_trl, atol=1e-7, rtol=1e-6, msg=name)
+    calls.clear()
+    train(OR1Trainer, OR1Config, tmp_path / "on", **common, use_adaptive_entropy=False, entropy_coef=0.01)
+    assert calls and all(calls)
+
+
+def test_changed_defaults_are_announced_once_at_start(tmp_path, caplog):
+    """Swapping GRPOConfig for OR1Config changes defaults (e.g. the LR schedule): one line at start lists them."""
+    from transformers.utils import logging as hf_logging
+
+    model, tokenizer = tiny_model_and_tokenizer(seed=0)
+    hf_logging.enable_propagation()
+    try:
+        with caplog.at_level("WARNING", logger="or1_trl.trainer"):
+            OR1Trainer(model, parity_reward, args=OR1Config(**tiny_training_args(tmp_path, rejection_sampling="mask")),
+                       train_dataset=tagged_dataset(["MIX"] * 4), processing_class=tokenizer)
+    finally:
+        hf_logging.disable_propagation()
+    lines = [r.getMessage() for r in caplog.records if "differ from GRPOConfig" in r.getMessage()]
+    assert len(lines) == 1
+    assert "lr_scheduler_type='constant' (GRPOConfig: 'linear')" in lines[0]
+    assert "use_adaptive_entropy=True (GRPOConfig: False)" in lines[0]
+    assert "rejection_sampling" not in lines[0]  # set by the user
+    default = OR1Config(**tiny_training_args(tmp_path)).changed_defaults()
+    assert ("rejection_sampling", "compact", "off") in default
+    assert OR1Config(**tiny_training_args(tmp_path, lr_scheduler_type="linear", use_adaptive_entropy=False,
+                                          rejection_sampling="off")).changed_defaults() == []
