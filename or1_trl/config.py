@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .entropy import ENTROPY_PRESETS
+from .stages import Stage, parse_stages, validate_stages
 
 REJECTION_MODES = ("compact", "mask", "off")
 ENTROPY_ESTIMATORS = ("full", "sampled")
@@ -54,6 +55,22 @@ class OR1Config(GRPOConfig):
             With `top_entropy_quantile < 1` (the 80/20 rule), what the policy term is divided by: `"all"` (every kept
             token, T_k — TRL) or `"selected"` (only the selected high-entropy tokens of the micro-batch — the official
             80/20 code, ≈1/ρ larger gradient). The entropy term and the controller always use all kept tokens.
+        stages (`list[dict]` or `None`, *optional*, defaults to `None`):
+            Multi-stage training (paper §3.2.2, `or1_trl/stages.py`): a list of `{until_step, max_completion_length,
+            batch_size, mini_batch_size, num_generations, temperature, learning_rate}` (all but `until_step` optional;
+            batch sizes are prompts over all ranks). Transitions happen at optimizer-step boundaries within one
+            `train()`; optimizer, scheduler, controller, prompt pool and statistics carry over. `None`: one stage.
+        prompt_id_column (`str`, *optional*, defaults to `"id"`):
+            Dataset column with a unique id per prompt; without it, ids are a hash of the prompt's content.
+        online_filter_threshold (`float` or `None`, *optional*, defaults to `1.0`):
+            At each stage start, prompts whose accuracy over the previous stage was ≥ this leave the pool (paper
+            §3.1; 1.0: solved in every sample). `None` keeps them.
+        online_filter_unsolved_after (`int` or `None`, *optional*, defaults to `None`):
+            If set, at each stage start prompts never solved in at least this many samples (all stages) leave too.
+        rejection_refill_rounds (`int`, *optional*, defaults to `0`):
+            When rejection leaves fewer informative groups than a rollout batch asks for, generate up to this many
+            more rounds from the pool and keep informative groups until the batch is full (DAPO's dynamic
+            sampling; not in Skywork's code). 0: off.
     """
 
     # --- changed TRL defaults -----------------------------------------------------------------------------------
@@ -112,10 +129,58 @@ class OR1Config(GRPOConfig):
         },
     )
 
+    stages: list[dict] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Training stages (YAML/JSON list of {until_step, max_completion_length, batch_size, "
+            "mini_batch_size, num_generations, temperature, learning_rate}); batch sizes are prompts over all ranks."
+        },
+    )
+    prompt_id_column: str = field(
+        default="id", metadata={"help": "Dataset column with unique prompt ids (else: a hash of the prompt)."}
+    )
+    online_filter_threshold: float | None = field(
+        default=1.0,
+        metadata={
+            "help": "At each stage start, drop prompts whose accuracy over the previous stage was >= this "
+            "(1.0: solved in every sample). None: keep them."
+        },
+    )
+    online_filter_unsolved_after: int | None = field(
+        default=None,
+        metadata={"help": "If set, at each stage start also drop prompts never solved in at least this many samples."},
+    )
+    rejection_refill_rounds: int = field(
+        default=0,
+        metadata={
+            "help": "When rejection leaves fewer informative groups than the batch asks for, generate up to this "
+            "many more rounds from the pool to fill it (DAPO dynamic sampling). 0: off."
+        },
+    )
+
     def __post_init__(self):
         self._apply_entropy_preset()
+        self._apply_stages()
         super().__post_init__()
         self._validate_or1()
+
+    def _apply_stages(self):
+        """Parse `stages` (a YAML/JSON string on the command line) and size the run: `max_steps` unset (-1) means
+        "until the last stage ends"; a last stage ending before `max_steps` is an error."""
+        if isinstance(self.stages, str):
+            import yaml
+
+            self.stages = yaml.safe_load(self.stages)
+        if self.stages is None:
+            return
+        stages = parse_stages(self.stages)
+        self.max_steps = validate_stages(stages, self.max_steps)
+        self.stages = [{k: v for k, v in vars(stage).items() if v is not None} for stage in stages]
+
+    @property
+    def stage_list(self) -> list[Stage]:
+        """`stages` as `Stage` objects (empty without stages)."""
+        return parse_stages(self.stages)
 
     def _apply_entropy_preset(self):
         if self.entropy_preset not in ENTROPY_PRESETS:
@@ -177,6 +242,16 @@ class OR1Config(GRPOConfig):
             raise ValueError(
                 f"top_entropy_quantile={self.top_entropy_quantile} must be in [0, 1] (0.2 for the 80/20 rule)."
             )
+        if self.online_filter_threshold is not None and not 0.0 < self.online_filter_threshold <= 1.0:
+            raise ValueError(
+                f"online_filter_threshold={self.online_filter_threshold} must be in (0, 1] (accuracy), or None (off)."
+            )
+        if self.online_filter_unsolved_after is not None and self.online_filter_unsolved_after < 1:
+            raise ValueError(f"online_filter_unsolved_after={self.online_filter_unsolved_after} must be >= 1 or None.")
+        if self.rejection_refill_rounds < 0:
+            raise ValueError(f"rejection_refill_rounds={self.rejection_refill_rounds} must be >= 0.")
+        if self.rejection_refill_rounds and self.rejection_sampling == "off":
+            raise ValueError("rejection_refill_rounds refills rejected groups: it needs rejection_sampling != 'off'.")
         if self.entropy_target <= 0:
             raise ValueError(f"entropy_target={self.entropy_target} must be > 0 nats (the paper uses 0.2).")
         if self.entropy_coef_delta < 0:

@@ -27,18 +27,23 @@ import os
 from typing import Any
 
 import torch
+from datasets import Dataset
+from transformers import ProgressCallback, TrainerCallback
 from transformers import trainer as hf_trainer
+from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.utils import get_config_model_id
+from trl.trainer.utils import add_fused_lm_head, get_config_model_id
 
 from . import checkpoint
 from .config import OR1Config
 from .data import check_reward_columns
 from .entropy import AdaptiveEntropyController
 from .loss import ppo_clip_per_token_loss, sampled_token_entropy
+from .prompts import PromptPool, PromptSampler, PromptStats, StatsLog, batch_outcomes, prompt_ids
 from .rejection import WEIGHT_KEY, compact_batch, group_outcomes, mask_batch
+from .stages import StageShape, stage_index, stage_shape
 
 logger = logging.get_logger(__name__)
 
@@ -58,6 +63,24 @@ _FORWARD_KEYS = (
 OR1_STATE_FILE = "or1_state.json"
 TRL_ENTROPY_STATE_FILE = "entropy_ctrl_state.json"  # written by GRPOTrainer._save_checkpoint
 KEPT_ROWS_KEY = "or1_kept_rows"  # rows with at least one trainable token, over all ranks (batch-level scalar)
+INDEX_COLUMN = "or1_index"  # added to the train dataset: the row's index, for per-prompt statistics
+PROMPTS_STATE_FILE = "or1_prompts.json"  # pool, sampler position, size of prompt_stats.jsonl
+PROMPT_STATS_STATE_FILE = "or1_prompt_stats.json"  # the aggregate per-prompt statistics
+PROMPT_STATS_LOG = "prompt_stats.jsonl"
+
+
+class _StageEnd(TrainerCallback):
+    """Ends `Trainer.train` at the current stage's last step, saving a checkpoint the next stage starts from."""
+
+    def __init__(self, trainer: "OR1Trainer"):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        stage = self.trainer._stage
+        if stage is not None and state.global_step >= stage.until_step and state.global_step < args.max_steps:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
 
 
 class OR1Trainer(GRPOTrainer):
@@ -105,7 +128,37 @@ class OR1Trainer(GRPOTrainer):
         self._skip_update = False  # no trainable token in the current rollout, on any rank
         self.or1_rows_forwarded = 0
         self.or1_skipped_steps = 0
+
+        # What the trainer trains on, and when (paper §3.1, §3.2.2): per-prompt statistics, the prompt pool and the
+        # stage schedule. Everything that can be wrong with them fails here, before the model loads.
+        self.prompt_stats = self.prompt_pool = self._stats_log = self._sampler = None
+        self._prompt_ids: list[str] = []
+        self._stages = args.stage_list if is_or1 else []
+        self._stage_shapes: list[StageShape] = []
+        self._stage: StageShape | None = None
+        self._sampler_position = {"stage": 0, "consumed": 0}
+        self._rows_all_ranks = None  # [B*G, 3] (dataset index, truncated, length) over all ranks
+        self._rng_to_restore = None  # checkpoint whose RNG state to restore after the first batch fetch
+        if is_or1 and isinstance(train_dataset, Dataset):
+            self._prompt_ids = prompt_ids(train_dataset, args.prompt_id_column)
+            train_dataset = train_dataset.add_column(INDEX_COLUMN, list(range(len(train_dataset))))
+            self.prompt_pool, self.prompt_stats = PromptPool(self._prompt_ids), PromptStats()
+            self._stats_log = StatsLog(os.path.join(args.output_dir, PROMPT_STATS_LOG))
+        elif self._stages:
+            raise ValueError("stages need a map-style `datasets.Dataset` as train_dataset (the prompt pool indexes it).")
+        if self._stages:
+            self._stage_shapes = self._resolve_stage_shapes(args)
+            self._apply_stage_to_args(args, self._stage_shapes[0])
+            if len(self.prompt_pool) < self._stage_shapes[0].batch_size:
+                raise ValueError(
+                    f"train_dataset holds {len(self.prompt_pool)} prompts, fewer than stage 0's batch of "
+                    f"{self._stage_shapes[0].batch_size} prompts per rollout step."
+                )
         super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *rest, **kwargs)
+        if self._stages:
+            self.args.ignore_data_skip = True  # the prompt sampler restores its own position on resume
+            self.add_callback(_StageEnd(self))
+            self._check_stage_lengths_fit_vllm()
         if is_or1 and self.accelerator.is_main_process:
             changed = args.changed_defaults()
             if changed:
@@ -138,18 +191,31 @@ class OR1Trainer(GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._rewards_all_ranks = rewards_per_func  # [B*G over all ranks, n_funcs]
+        if self.prompt_stats is not None and self.model.training:
+            # Per row: dataset index, truncated (TRL's rule: no EOS/pad at the end), length — gathered like the rewards.
+            eos_and_pad = {*self.eos_token_ids, self._tokenizer.pad_token_id}
+            local = torch.tensor(
+                [[row[INDEX_COLUMN], not ids or ids[-1] not in eos_and_pad, len(ids)] for row, ids in zip(inputs, completion_ids_list)],
+                dtype=torch.long,
+                device=rewards_per_func.device,
+            )  # [b, 3]
+            self._rows_all_ranks = self.accelerator.gather(local)  # [B*G, 3]
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
         batch = super()._generate_and_score_completions(inputs)
-        if not self._or1_loss_enabled or not self.model.training:
+        if not self.model.training:
+            return batch
+        # The scalar reward of each row over all ranks, as TRL sums it (NaN where every function abstained).
+        rewards_per_func = self._rewards_all_ranks
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)  # [B*G]
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        if self.prompt_stats is not None:
+            self._record_prompt_stats(rewards)
+        if not self._or1_loss_enabled:
             return batch
 
         if self._rejection_mode != "off":
-            # The scalar reward of each row over all ranks, as TRL sums it (NaN where every function abstained).
-            rewards_per_func = self._rewards_all_ranks
-            rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)  # [B*G]
-            rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
             outcomes = group_outcomes(rewards, self.num_generations)
             for name, value in outcomes.fractions().items():
                 self._metrics["train"][f"rejection/{name}"].append(value)
@@ -183,6 +249,27 @@ class OR1Trainer(GRPOTrainer):
         if WEIGHT_KEY in inputs:
             mask = mask * inputs[WEIGHT_KEY].unsqueeze(1)
         return mask
+
+    def _record_prompt_stats(self, rewards: torch.Tensor) -> None:
+        """Per-prompt outcomes of this rollout (all ranks) into the statistics, `prompt_stats.jsonl` (main process),
+        and the `stage` / `pool/size` metrics; the sampler's position advances by one rollout batch."""
+        index, truncated, lengths = self._rows_all_ranks.T.tolist()
+        stage = self._stage.index if self._stage is not None else 0
+        step = self.state.global_step + 1
+        records = []
+        for row, outcome in batch_outcomes(index, rewards.tolist(), truncated, lengths).items():
+            pid = self._prompt_ids[row]
+            self.prompt_stats.add(stage, pid, outcome)
+            records.append({"prompt_id": pid, "stage": stage, "step": step, "samples": outcome.samples,
+                            "correct": outcome.correct, "truncated": outcome.truncated,
+                            "mean_length": outcome.length_sum / outcome.samples})
+        if self.accelerator.is_main_process:
+            self._stats_log.append(records)
+        if self._sampler is not None:
+            self._sampler.consumed += 1
+            self._sampler_position["consumed"] = self._sampler.consumed
+        self._metrics["train"]["stage"].append(float(stage))
+        self._metrics["train"]["pool/size"].append(float(len(self.prompt_pool)))
 
     def training_step(self, model, inputs, num_items_in_batch):
         loss = super().training_step(model, inputs, num_items_in_batch)
@@ -311,17 +398,36 @@ class OR1Trainer(GRPOTrainer):
     # Checkpointing (`checkpoint.py`): TRL saves the controller (entropy_ctrl_state.json); we add our state, then
     # the completeness marker; only then may transformers rotate old checkpoints away.
     # ---------------------------------------------------------------------------------------------------------
+    def _or1_state_files(self) -> list[str]:
+        return [OR1_STATE_FILE] + ([PROMPTS_STATE_FILE, PROMPT_STATS_STATE_FILE] if self.prompt_stats is not None else [])
+
     def _or1_state(self) -> dict[str, dict]:
         """`{file name: JSON state}` that a checkpoint holds besides transformers' and TRL's files."""
-        return {OR1_STATE_FILE: {"skipped_steps": self.or1_skipped_steps, "rows_forwarded": self.or1_rows_forwarded}}
+        states = {OR1_STATE_FILE: {"skipped_steps": self.or1_skipped_steps, "rows_forwarded": self.or1_rows_forwarded}}
+        if self.prompt_stats is not None:
+            states[PROMPTS_STATE_FILE] = {
+                "pool": self.prompt_pool.state_dict(),
+                "sampler": dict(self._sampler_position),
+                "stats_log_size": self._stats_log.size,
+            }
+            states[PROMPT_STATS_STATE_FILE] = self.prompt_stats.state_dict()
+        return states
 
-    def _load_or1_state(self, states: dict[str, dict]) -> None:
-        self.or1_skipped_steps = states[OR1_STATE_FILE]["skipped_steps"]
-        self.or1_rows_forwarded = states[OR1_STATE_FILE]["rows_forwarded"]
+    def _load_or1_state(self, folder: str) -> None:
+        """Restore our state from a complete checkpoint, before `Trainer.train` builds the data loader."""
+        counters = checkpoint.read_state(folder, OR1_STATE_FILE)
+        self.or1_skipped_steps, self.or1_rows_forwarded = counters["skipped_steps"], counters["rows_forwarded"]
+        if self.prompt_stats is not None:
+            prompts = checkpoint.read_state(folder, PROMPTS_STATE_FILE)
+            self.prompt_pool.load_state_dict(prompts["pool"])
+            self._sampler_position = dict(prompts["sampler"])
+            self.prompt_stats.load_state_dict(checkpoint.read_state(folder, PROMPT_STATS_STATE_FILE))
+            if self.accelerator.is_main_process:  # drop what was logged after the checkpoint
+                self._stats_log.truncate(prompts["stats_log_size"])
 
     def _checkpoint_files(self) -> list[str]:
         """Every file a checkpoint of this trainer must hold to be resumed from."""
-        files = [hf_trainer.TRAINER_STATE_NAME, *self._or1_state()]
+        files = [hf_trainer.TRAINER_STATE_NAME, *self._or1_state_files()]
         if self.use_adaptive_entropy:
             files.append(TRL_ENTROPY_STATE_FILE)
         return files
@@ -346,11 +452,42 @@ class OR1Trainer(GRPOTrainer):
         )
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
-        """`Trainer.train`, resuming only from complete checkpoints (see `or1_trl/checkpoint.py`).
+        """`Trainer.train`, resuming only from complete checkpoints, and running every stage of `OR1Config.stages`.
 
-        `resume_from_checkpoint=True` takes the newest *complete* checkpoint of `output_dir`; an explicit folder that
-        is incomplete (the run was killed while saving it) is an error naming what it lacks.
+        `resume_from_checkpoint=True` takes the newest *complete* checkpoint of `output_dir` (`checkpoint.py`); an
+        explicit folder that is incomplete (the run was killed while saving it) is an error naming what it lacks.
+
+        Stages: each stage is one pass of transformers' training loop, from the previous stage's last step to its own
+        `until_step`, with the stage's generation length, group size, batch shape, temperature and learning rate. A
+        stage ends with a checkpoint and the next one resumes from it — the same path as resuming after a crash — so
+        the global step, optimizer, scheduler, RNG, entropy controller, prompt pool and statistics carry over. At
+        each stage start the online filter shrinks the pool (paper §3.1).
         """
+        folder = self._resolve_checkpoint(resume_from_checkpoint)
+        if self.prompt_stats is not None and folder is None and self.accelerator.is_main_process:
+            self._stats_log.truncate(0)  # a fresh run starts a fresh log
+        while True:
+            if folder is not None:
+                self._load_or1_state(folder)
+            if not self._stages:
+                return super().train(resume_from_checkpoint=folder, trial=trial, **kwargs)
+            step = TrainerState.load_from_json(os.path.join(folder, hf_trainer.TRAINER_STATE_NAME)).global_step if folder else 0
+            self._enter_stage(stage_index(self._stages, step))
+            final = self._stage.until_step >= self.args.max_steps
+            self._rng_to_restore = folder
+            train_end = self.callback_handler.on_train_end
+            if not final:  # trackers and the like stay open across stages; only the progress bar closes
+                self.callback_handler.on_train_end = self._close_progress_bars
+            try:
+                output = super().train(resume_from_checkpoint=folder, trial=trial, **kwargs)
+            finally:
+                self.callback_handler.on_train_end = train_end
+            if final or self.state.global_step < self._stage.until_step:  # done, or stopped early by a callback
+                return output
+            self.accelerator.wait_for_everyone()
+            folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+
+    def _resolve_checkpoint(self, resume_from_checkpoint: str | bool | None) -> str | None:
         required = self._checkpoint_files()
         if resume_from_checkpoint is True:
             found = checkpoint.last_complete_checkpoint(self.args.output_dir, required)
@@ -362,8 +499,8 @@ class OR1Trainer(GRPOTrainer):
                 )
             if found != (checkpoint.checkpoints(self.args.output_dir) or [None])[-1]:
                 logger.warning(f"Resuming from {found}, the newest complete checkpoint (newer ones are incomplete).")
-            resume_from_checkpoint = found
-        elif resume_from_checkpoint:
+            return found
+        if resume_from_checkpoint:
             missing = checkpoint.missing_files(resume_from_checkpoint, required)
             if missing:
                 raise ValueError(
@@ -371,9 +508,143 @@ class OR1Trainer(GRPOTrainer):
                     "stopped while saving it), so resuming from it would silently reset state. Resume from an earlier "
                     "checkpoint, or pass resume_from_checkpoint=True to take the newest complete one."
                 )
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial, **kwargs)
+            return resume_from_checkpoint
+        return None
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        batches = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self._rng_to_restore is not None:
+            # transformers restores the checkpoint's RNG before creating the data loader iterator, which draws a seed
+            # from it, unless it skips batches (our sampler restores its own position). Restore it after the first
+            # fetch, as transformers does on its skipping path, so a resumed run samples what the uninterrupted did.
+            self._load_rng_state(self._rng_to_restore)
+            self._rng_to_restore = None
+        return batches
+
+    def _close_progress_bars(self, args, state, control):
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, ProgressCallback):
+                callback.on_train_end(args, state, control)
+        return control
+
+    # ---------------------------------------------------------------------------------------------------------
+    # Stages (§3.2.2, `stages.py`) and the prompt pool (§3.1, `prompts.py`)
+    # ---------------------------------------------------------------------------------------------------------
+    def _resolve_stage_shapes(self, args) -> list[StageShape]:
+        """Every stage in TRL's terms for this world size; shapes that do not divide fail here, before compute."""
+        rows = args.per_device_train_batch_size * args.world_size  # rows per micro-step, all ranks
+        G = args.num_generations
+        run = dict(
+            max_completion_length=args.max_completion_length,
+            num_generations=G,
+            batch_size=args.generation_batch_size // G,
+            mini_batch_size=rows * args.gradient_accumulation_steps // G,
+            temperature=args.temperature,
+            learning_rate=args.learning_rate,
+            rows_per_micro_step=rows,
+        )
+        shapes = [stage_shape(self._stages, i, **run) for i in range(len(self._stages))]
+        if args.deepspeed and len({s.gradient_accumulation_steps for s in shapes}) > 1:
+            raise ValueError("Stages that change the gradient accumulation steps are not supported under DeepSpeed.")
+        return shapes
+
+    @staticmethod
+    def _apply_stage_to_args(args, shape: StageShape) -> None:
+        args.max_completion_length = shape.max_completion_length
+        args.num_generations = shape.num_generations
+        args.gradient_accumulation_steps = shape.gradient_accumulation_steps
+        args.steps_per_generation = shape.steps_per_generation
+        args.generation_batch_size = shape.generation_batch_size
+        args.temperature = shape.temperature
+        args.learning_rate = shape.learning_rate
+
+    def _check_stage_lengths_fit_vllm(self) -> None:
+        limit = self.args.vllm_max_model_length if self.use_vllm else None
+        if self.use_vllm and self.vllm_mode == "server" and self.accelerator.is_main_process:
+            limit = self.vllm_generation.vllm_client.get_server_info()["model_config"].get("max_model_len", limit)
+        for shape in self._stage_shapes:
+            if limit is not None and shape.max_completion_length >= limit:
+                raise ValueError(
+                    f"stages[{shape.index}].max_completion_length={shape.max_completion_length} does not fit the vLLM "
+                    f"max model length {limit} (prompt + completion). Start vLLM with a larger --max-model-len."
+                )
+
+    def _enter_stage(self, index: int) -> None:
+        """Make stage `index` current: online filter if the pool was built for an earlier stage, then TRL's settings."""
+        shape = self._stage_shapes[index]
+        pool = self.prompt_pool
+        if pool.stage < index:
+            for new_stage in range(pool.stage + 1, index + 1):
+                removed = pool.apply_online_filter(
+                    self.prompt_stats, new_stage, self.args.online_filter_threshold, self.args.online_filter_unsolved_after
+                )
+                if self.accelerator.is_main_process:
+                    logger.warning(
+                        f"Stage {new_stage} starts at step {shape.start_step}: the online filter removed "
+                        f"{removed['solved']} solved and {removed['unsolved']} never-solved prompts; pool: {len(pool)}."
+                    )
+            self._sampler_position = {"stage": index, "consumed": 0}
+            if len(pool) < shape.batch_size:
+                raise ValueError(
+                    f"Stage {index}: the online filter left {len(pool)} prompts in the pool, fewer than one batch of "
+                    f"{shape.batch_size} — {removed['solved']} left for accuracy >= online_filter_threshold="
+                    f"{self.args.online_filter_threshold} in stage {index - 1}, {removed['unsolved']} for "
+                    f"online_filter_unsolved_after={self.args.online_filter_unsolved_after}. Raise the threshold (or "
+                    "set it to None), unset online_filter_unsolved_after, add prompts, or lower the stage's batch_size."
+                )
+        self._stage = shape
+        args = self.args
+        self._apply_stage_to_args(args, shape)
+        self.max_completion_length, self.num_generations = shape.max_completion_length, shape.num_generations
+        if shape.temperature != self.temperature:  # log-probs are taken at the sampling temperature: re-patch the head
+            self.temperature = shape.temperature
+            model = self.accelerator.unwrap_model(self.model)
+            add_fused_lm_head(
+                model.get_base_model() if hasattr(model, "get_base_model") else model,
+                temperature=shape.temperature,
+                cast_lm_head_to_fp32=args.cast_lm_head_to_fp32,
+                outputs=("log_probs", "entropy"),
+            )
+        if self.use_vllm:
+            self.vllm_generation.max_completion_length = shape.max_completion_length
+            self.vllm_generation.temperature = shape.temperature
+        else:
+            self.generation_kwargs.update(max_new_tokens=shape.max_completion_length, temperature=shape.temperature)
+            self.generation_config.max_new_tokens = shape.max_completion_length
+            self.generation_config.temperature = shape.temperature
+        self._step, self._buffered_inputs = 0, None  # TRL's generation counter restarts with the new shape
+
+    def _get_train_sampler(self, dataset=None):
+        if not self._stages:
+            return super()._get_train_sampler(dataset)
+        shape = self._stage
+        consumed = self._sampler_position["consumed"] if self._sampler_position["stage"] == shape.index else 0
+        self._sampler_position = {"stage": shape.index, "consumed": consumed}
+        self._sampler = PromptSampler(
+            self.prompt_pool.active,
+            batch_size=shape.batch_size,
+            num_generations=shape.num_generations,
+            repeat_count=self.num_iterations * shape.steps_per_generation,
+            seed=self.args.seed,
+            stage=shape.index,
+            consumed=consumed,
+        )
+        return self._sampler
 
     def _load_optimizer_and_scheduler(self, checkpoint_folder):
         super()._load_optimizer_and_scheduler(checkpoint_folder)  # TRL restores the controller
-        if checkpoint_folder is not None:
-            self._load_or1_state({name: checkpoint.read_state(checkpoint_folder, name) for name in self._or1_state()})
+        if self._stage is not None and checkpoint_folder is not None:
+            self._set_learning_rate(self._stage.learning_rate)
+
+    def _set_learning_rate(self, learning_rate: float) -> None:
+        """The stage's base learning rate, under the (resumed) schedule: base_lr × the schedule's factor now."""
+        scheduler, groups = self.lr_scheduler, self.optimizer.param_groups
+        if all(group.get("initial_lr") == learning_rate for group in groups):
+            return
+        if not hasattr(scheduler, "lr_lambdas"):
+            raise ValueError(f"A stage learning_rate needs a LambdaLR schedule (transformers' own); got {type(scheduler)}.")
+        scheduler.base_lrs = [learning_rate] * len(groups)
+        for group, factor in zip(groups, scheduler.lr_lambdas):
+            group["initial_lr"] = learning_rate
+            group["lr"] = learning_rate * factor(scheduler.last_epoch)
+        scheduler._last_lr = [group["lr"] for group in groups]

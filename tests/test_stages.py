@@ -1,0 +1,254 @@
+"""Stages (`stages.py`), the prompt pool and statistics (`prompts.py`), and both wired into OR1Trainer."""
+
+import json
+import os
+
+import pytest
+import torch
+from datasets import Dataset
+
+from or1_trl import OR1Config, OR1Trainer
+from or1_trl.prompts import Outcome, PromptPool, PromptSampler, PromptStats, StatsLog, batch_outcomes, content_id, prompt_ids
+from or1_trl.stages import parse_stages, stage_index, stage_shape, validate_stages
+from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
+
+from .test_trainer import G, ScriptedReward, logged, tagged_dataset
+
+# ------------------------------------------------------------------------------------------------------------
+# Pure pieces
+# ------------------------------------------------------------------------------------------------------------
+
+RUN = dict(max_completion_length=8, num_generations=16, batch_size=256, mini_batch_size=256, temperature=1.0,
+           learning_rate=1e-6, rows_per_micro_step=64)
+
+
+def test_paper_7b_stages_in_trl_terms():
+    """Table 11 on 8 GPUs × 8 rows per micro-step: the accumulation and rollout split TRL needs."""
+    stages = parse_stages([
+        {"until_step": 660, "max_completion_length": 16384, "batch_size": 256, "mini_batch_size": 256, "num_generations": 16},
+        {"until_step": 1320, "max_completion_length": 32768, "batch_size": 160, "mini_batch_size": 160, "num_generations": 32},
+    ])
+    assert validate_stages(stages, -1) == 1320
+    first, second = (stage_shape(stages, i, **RUN) for i in (0, 1))
+    assert (first.start_step, first.gradient_accumulation_steps, first.steps_per_generation) == (0, 64, 64)
+    assert (second.start_step, second.gradient_accumulation_steps, second.steps_per_generation) == (660, 80, 80)
+    assert second.generation_batch_size == 160 * 32 and second.max_completion_length == 32768
+    assert [stage_index(stages, s) for s in (0, 659, 660, 1319, 1320)] == [0, 0, 1, 1, 1]
+    # N_SGD = 2 (Math-7B: 256 prompts per rollout, 128 per optimizer step)
+    math = stage_shape(parse_stages([{"until_step": 740, "mini_batch_size": 128}]), 0, **RUN)
+    assert (math.gradient_accumulation_steps, math.steps_per_generation) == (32, 64)
+
+
+@pytest.mark.parametrize(
+    "stages,max_steps,message",
+    [
+        ([{"until_step": 10}, {"until_step": 10}], -1, r"stages\[1\].until_step=10 must be an integer > 10"),
+        ([{"until_step": 0}], -1, r"must be an integer > 0"),
+        ([{"until_step": 10}, {"until_step": 20}], 30, "The last stage ends at step 20, before max_steps=30"),
+        ([{"until_step": 10, "context": 4}], -1, r"unknown field\(s\) \['context'\]"),
+        ([{"max_completion_length": 4}], -1, "needs `until_step`"),
+        ([{"until_step": 5, "num_generations": 0}], -1, "must be a positive integer"),
+        ({"until_step": 5}, -1, "must be a list"),
+    ],
+)
+def test_bad_schedules_are_refused(stages, max_steps, message):
+    with pytest.raises(ValueError, match=message):
+        validate_stages(parse_stages(stages), max_steps)
+
+
+def test_bad_batch_shapes_are_refused():
+    with pytest.raises(ValueError, match="batch_size=100 prompts per rollout must be a multiple of mini_batch_size=64"):
+        stage_shape(parse_stages([{"until_step": 5, "batch_size": 100, "mini_batch_size": 64}]), 0, **RUN)
+    with pytest.raises(ValueError, match=r"3 × 16 = 48 rows per optimizer step must be a multiple of .* = 64"):
+        stage_shape(parse_stages([{"until_step": 5, "batch_size": 3, "mini_batch_size": 3}]), 0, **RUN)
+    assert validate_stages(parse_stages([{"until_step": 5}, {"until_step": 9}]), 7) == 7  # a shortened run is fine
+
+
+def test_prompt_ids_from_column_or_content():
+    ds = Dataset.from_dict({"prompt": ["a", "b", "a"], "id": ["x", "y", "z"]})
+    assert prompt_ids(ds) == ["x", "y", "z"]
+    shared = prompt_ids(ds, "uid")  # no such column: content hashes; identical prompts share their id
+    assert shared[0] == shared[2] == content_id("a") != shared[1]
+    assert content_id([{"role": "user", "content": "a"}]) == content_id([{"content": "a", "role": "user"}])
+    with pytest.raises(ValueError, match=r"1 duplicate prompt id\(s\) in column 'id': 'x' \(rows 0 and 2\)"):
+        prompt_ids(Dataset.from_dict({"prompt": ["a", "b", "c"], "id": ["x", "y", "x"]}))
+
+
+def test_online_filter_from_statistics():
+    ids = ["p0", "p1", "p2", "p3", "p4"]
+    stats = PromptStats()
+    stats.add(0, "p0", Outcome(samples=4, correct=4))  # mastered in stage 0: leaves
+    stats.add(0, "p1", Outcome(samples=4, correct=3))  # 0.75: stays
+    stats.add(0, "p2", Outcome(samples=4, correct=0))  # never solved in 4 samples
+    stats.add(0, "p3", Outcome(samples=2, correct=0))  # never solved, only 2 samples
+    pool = PromptPool(ids)
+    assert pool.apply_online_filter(stats, 1, threshold=1.0, unsolved_after=4) == {"solved": 1, "unsolved": 1}
+    assert [ids[i] for i in pool.active] == ["p1", "p3", "p4"] and pool.stage == 1
+    assert pool.removed == {"p0": {"stage": 1, "reason": "solved"}, "p2": {"stage": 1, "reason": "unsolved"}}
+    stats.add(1, "p1", Outcome(samples=8, correct=6))  # 0.75 ≥ 0.7
+    stats.add(1, "p3", Outcome(samples=8, correct=0))  # now 10 samples, never solved
+    assert pool.apply_online_filter(stats, 2, threshold=0.7, unsolved_after=None) == {"solved": 1, "unsolved": 0}
+    assert [ids[i] for i in pool.active] == ["p3", "p4"]
+    restored = PromptPool(ids)
+    restored.load_state_dict(json.loads(json.dumps(pool.state_dict())))
+    assert (restored.active, restored.removed, restored.stage) == (pool.active, pool.removed, pool.stage)
+    again = PromptStats()
+    again.load_state_dict(json.loads(json.dumps(stats.state_dict())))
+    assert again.total("p3") == Outcome(samples=10, correct=0) and again.stage(1)["p1"].accuracy == 0.75
+
+
+def test_batch_outcomes_count_per_prompt():
+    out = batch_outcomes([3, 3, 3, 5, 5, 5], [1.0, 0.0, 1.0, 0.5, float("nan"), 1.2], [0, 1, 0, 1, 1, 0], [4, 6, 2, 6, 6, 3])
+    assert out == {3: Outcome(3, 2, 1, 12), 5: Outcome(3, 1, 2, 15)}
+
+
+def test_sampler_layout_pool_only_and_resumable():
+    pool = [1, 4, 6, 9, 11, 12, 15]
+    sampler = PromptSampler(pool, batch_size=3, num_generations=2, repeat_count=2, seed=0)
+    stream = iter(sampler)
+    first = [next(stream) for _ in range(12)]
+    prompts = first[::2][:3]
+    assert first == [p for p in prompts for _ in range(2)] * 2  # G in a row, the batch repeated for its micro-steps
+    assert set(prompts) <= set(pool) and len(set(prompts)) == 3
+    assert prompts == sampler.batch(0)
+    # one pass = 2 full batches (7 // 3); the last incomplete batch is dropped, and pass 2 is a new permutation
+    assert len(set(sampler.batch(0) + sampler.batch(1))) == 6
+    assert sampler.batch(2) != sampler.batch(0) or sampler.batch(3) != sampler.batch(1)
+    assert len(sampler) == 2 * 3 * 2 * 2
+    resumed = PromptSampler(pool, batch_size=3, num_generations=2, repeat_count=2, seed=0, consumed=5)
+    assert next(iter(resumed)) == sampler.batch(5)[0]
+    other_stage = PromptSampler(pool, batch_size=3, num_generations=2, repeat_count=2, seed=0, stage=1)
+    assert [other_stage.batch(k) for k in range(4)] != [sampler.batch(k) for k in range(4)]
+    with pytest.raises(ValueError, match="holds 2 prompts, fewer than one batch of 3"):
+        PromptSampler([1, 2], batch_size=3, num_generations=2, repeat_count=1, seed=0)
+
+
+def test_stats_log_appends_and_truncates(tmp_path):
+    log = StatsLog(str(tmp_path / "prompt_stats.jsonl"))
+    log.append([{"step": 1}, {"step": 1}])
+    size = log.size
+    log.append([{"step": 2}])
+    log.truncate(size)
+    log.append([{"step": 2, "again": True}])
+    lines = [json.loads(line) for line in open(log.path)]
+    assert lines == [{"step": 1}, {"step": 1}, {"step": 2, "again": True}]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Through the trainer
+# ------------------------------------------------------------------------------------------------------------
+
+TAGS = ["ALL", "MIX", "NONE", "MIX"] * 4  # 16 prompts
+STAGES = [
+    {"until_step": 3, "max_completion_length": 4, "batch_size": 2, "mini_batch_size": 2, "num_generations": 4},
+    {"until_step": 6, "max_completion_length": 6, "batch_size": 2, "mini_batch_size": 2, "num_generations": 8,
+     "learning_rate": 5e-4},
+]
+
+
+def two_stage_trainer(output_dir, tags=TAGS, **overrides):
+    model, tokenizer = tiny_model_and_tokenizer(seed=0)
+    settings = dict(
+        learning_rate=1e-3, max_steps=-1, stages=STAGES, online_filter_unsolved_after=4,
+        generation_kwargs={"suppress_tokens": [tokenizer.eos_token_id]},  # every completion runs to the stage's length
+    )
+    settings.update(overrides)
+    args = OR1Config(**tiny_training_args(output_dir, **settings))
+    return OR1Trainer(model, ScriptedReward(), args=args, train_dataset=tagged_dataset(tags), processing_class=tokenizer)
+
+
+def stats_records(output_dir):
+    with open(os.path.join(output_dir, "prompt_stats.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def two_stage_run(tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("two_stage")
+    trainer = two_stage_trainer(output_dir)
+    trainer.train()
+    return trainer, output_dir
+
+
+def test_two_stages_in_one_train_call(two_stage_run):
+    trainer, output_dir = two_stage_run
+    assert trainer.state.global_step == 6
+    assert logged(trainer, "stage") == [0, 0, 0, 1, 1, 1]
+    assert logged(trainer, "completions/max_length") == [4, 4, 4, 6, 6, 6]  # the stage's generation length
+    assert logged(trainer, "learning_rate") == pytest.approx([1e-3] * 3 + [5e-4] * 3)
+    records = stats_records(output_dir)
+    assert sorted({r["step"] for r in records}) == [1, 2, 3, 4, 5, 6]
+    for r in records:
+        assert r["samples"] == (G if r["stage"] == 0 else 8) and r["mean_length"] == (4 if r["stage"] == 0 else 6)
+        assert r["stage"] == (0 if r["step"] <= 3 else 1)
+        assert len([q for q in records if q["step"] == r["step"]]) == 2  # 2 prompts per rollout step
+    # the stage boundary left a complete checkpoint the second stage started from
+    assert os.path.exists(os.path.join(output_dir, "checkpoint-3", "or1_checkpoint.json"))
+
+
+def test_online_filter_pool_matches_hand_computation(two_stage_run):
+    trainer, output_dir = two_stage_run
+    records = stats_records(output_dir)
+    ids = trainer._prompt_ids
+    first = {}
+    for r in (r for r in records if r["stage"] == 0):
+        total = first.setdefault(r["prompt_id"], [0, 0])
+        total[0] += r["samples"]
+        total[1] += r["correct"]
+    solved = {pid for pid, (n, c) in first.items() if c == n}
+    unsolved = {pid for pid, (n, c) in first.items() if c == 0 and n >= 4}
+    assert solved and unsolved  # the filter really removes prompts here
+    expected = [i for i, pid in enumerate(ids) if pid not in solved | unsolved]
+    assert trainer.prompt_pool.active == expected
+    assert {r["prompt_id"] for r in records if r["stage"] == 1} <= {ids[i] for i in expected}
+    assert logged(trainer, "pool/size") == [16] * 3 + [len(expected)] * 3
+
+
+def test_kill_in_stage_two_and_resume_matches_uninterrupted(tmp_path, monkeypatch, two_stage_run):
+    """Killed at step 5 (stage 2) after checkpoint-4: resuming gives the uninterrupted run's metrics step for step, the
+    same pool, controller and weights, and prompt_stats.jsonl without duplicated or missing steps."""
+    full, full_dir = two_stage_run
+    trainer = two_stage_trainer(tmp_path, save_strategy="steps", save_steps=2)
+    original = OR1Trainer._record_prompt_stats
+
+    def killed_at_step_5(self, rewards):
+        original(self, rewards)  # the step's statistics reach the log first, as they would before a SIGKILL
+        if self.state.global_step == 4:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(OR1Trainer, "_record_prompt_stats", killed_at_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    monkeypatch.undo()
+    assert max(r["step"] for r in stats_records(tmp_path)) == 5  # logged after the last checkpoint (4)
+
+    resumed = two_stage_trainer(tmp_path, save_strategy="steps", save_steps=2)
+    resumed.train(resume_from_checkpoint=True)
+    for key in ("stage", "reward", "loss", "entropy", "entropy_coef", "pool/size", "completions/max_length", "learning_rate"):
+        assert logged(resumed, key) == pytest.approx(logged(full, key), abs=1e-6), key
+    assert resumed.prompt_pool.active == full.prompt_pool.active
+    assert stats_records(tmp_path) == stats_records(full_dir)
+    for (name, p), (_, q) in zip(resumed.model.named_parameters(), full.model.named_parameters()):
+        torch.testing.assert_close(p, q, atol=1e-7, rtol=1e-6, msg=name)
+
+
+def test_empty_pool_after_the_filter_is_a_clear_error(tmp_path):
+    """4 prompts, all solved in every sample of stage 0 (each drawn there): the filter empties the pool."""
+    with pytest.raises(ValueError, match=r"Stage 1: the online filter left 0 prompts in the pool, fewer than one batch "
+                                         r"of 2 — 4 left for accuracy >= online_filter_threshold=1.0 in stage 0"):
+        two_stage_trainer(tmp_path, tags=["ALL"] * 4).train()
+
+
+def test_bad_stage_input_fails_before_the_model_loads(tmp_path):
+    args = OR1Config(**tiny_training_args(tmp_path, stages=[{"until_step": 2, "batch_size": 3, "mini_batch_size": 3}]))
+    with pytest.raises(ValueError, match=r"rows per optimizer step must be a multiple of"):
+        OR1Trainer("/nonexistent/model", ScriptedReward(), args=args, train_dataset=tagged_dataset(TAGS))
+    args = OR1Config(**tiny_training_args(tmp_path, stages=[{"until_step": 2, "batch_size": 32, "mini_batch_size": 32}],
+                                          per_device_train_batch_size=8, num_generations=4))
+    with pytest.raises(ValueError, match="holds 16 prompts, fewer than stage 0's batch of 32"):
+        OR1Trainer("/nonexistent/model", ScriptedReward(), args=args, train_dataset=tagged_dataset(TAGS))
+    with pytest.raises(ValueError, match="duplicate prompt id"):
+        OR1Trainer("/nonexistent/model", ScriptedReward(), args=OR1Config(**tiny_training_args(tmp_path)),
+                   train_dataset=tagged_dataset(TAGS[:4]).add_column("id", ["a", "b", "a", "c"]))
+    with pytest.raises(ValueError, match="The last stage ends at step 2, before max_steps=5"):
+        OR1Config(**tiny_training_args(tmp_path, stages=[{"until_step": 2}], max_steps=5))
