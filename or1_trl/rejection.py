@@ -109,3 +109,46 @@ def compact_batch(batch: dict[str, Any], keep_rows: torch.Tensor, multiple_of: i
 def mask_batch(batch: dict[str, Any], keep_rows: torch.Tensor) -> dict[str, Any]:
     """Keep every row; rejected rows get `WEIGHT_KEY` = 0 (Skywork's released behaviour)."""
     return {**batch, WEIGHT_KEY: keep_rows.to(batch["completion_ids"].device, torch.float32)}
+
+
+# Per-token batch entries and how a shorter one is padded when two rollout batches are joined (refill).
+_LEFT_PADDED = ("prompt_ids", "prompt_mask")  # TRL left-pads prompts
+_RIGHT_PADDED = (
+    "completion_ids", "completion_mask", "old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps",
+    "importance_sampling_ratio", "tool_mask",
+)
+_PER_ROW = ("advantages",)
+
+
+def concat_batches(first: dict[str, Any], second: dict[str, Any], pad_token_id: int) -> dict[str, Any]:
+    """Join two of TRL's rollout batches row-wise (refill rounds): prompts left-padded, completions right-padded to
+    the longer of the two. Batch-level scalars (`num_items_in_batch`) are left to the caller to recount."""
+    out = {}
+    for key in first.keys() | second.keys():
+        a, b = first.get(key), second.get(key)
+        if a is None or b is None or (isinstance(a, torch.Tensor) and a.ndim == 0):
+            out[key] = a if b is None or (isinstance(a, torch.Tensor) and a.ndim == 0) else b
+            continue
+        if key in _PER_ROW:
+            out[key] = torch.cat([a, b])
+        elif key in _LEFT_PADDED or key in _RIGHT_PADDED:
+            width = max(a.size(1), b.size(1))
+            value = pad_token_id if key in ("prompt_ids", "completion_ids") else 0
+            left = key in _LEFT_PADDED
+
+            def pad(t):
+                extra = torch.full((t.size(0), width - t.size(1)), value, dtype=t.dtype, device=t.device)
+                return torch.cat([extra, t] if left else [t, extra], dim=1)
+
+            out[key] = torch.cat([pad(a), pad(b)])
+        else:
+            raise ValueError(
+                f"Cannot join rollout batches with entry {key!r} (multimodal inputs): rejection_refill_rounds supports "
+                "text-only batches."
+            )
+    return out
+
+
+def cap_kept_groups(keep: torch.Tensor, max_groups: int) -> torch.Tensor:
+    """`keep` with only its first `max_groups` True entries left True (rows beyond the batch are discarded)."""
+    return keep & (keep.cumsum(0) <= max_groups)

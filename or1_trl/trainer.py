@@ -42,7 +42,7 @@ from .data import check_reward_columns
 from .entropy import AdaptiveEntropyController
 from .loss import ppo_clip_per_token_loss, sampled_token_entropy
 from .prompts import PromptPool, PromptSampler, PromptStats, StatsLog, batch_outcomes, prompt_ids
-from .rejection import WEIGHT_KEY, compact_batch, group_outcomes, mask_batch
+from .rejection import WEIGHT_KEY, cap_kept_groups, compact_batch, concat_batches, group_outcomes, mask_batch
 from .stages import StageShape, stage_index, stage_shape
 
 logger = logging.get_logger(__name__)
@@ -136,7 +136,8 @@ class OR1Trainer(GRPOTrainer):
         self._stages = args.stage_list if is_or1 else []
         self._stage_shapes: list[StageShape] = []
         self._stage: StageShape | None = None
-        self._sampler_position = {"stage": 0, "consumed": 0}
+        self._sampler_position = {"stage": 0, "consumed": 0, "refill": 0}  # rollout batches drawn in the stage
+        self._refill: PromptSampler | None = None  # refill rounds draw from their own stream (rejection_refill_rounds)
         self._rows_all_ranks = None  # [B*G, 3] (dataset index, truncated, length) over all ranks
         self._rng_to_restore = None  # checkpoint whose RNG state to restore after the first batch fetch
         if is_or1 and isinstance(train_dataset, Dataset):
@@ -144,8 +145,11 @@ class OR1Trainer(GRPOTrainer):
             train_dataset = train_dataset.add_column(INDEX_COLUMN, list(range(len(train_dataset))))
             self.prompt_pool, self.prompt_stats = PromptPool(self._prompt_ids), PromptStats()
             self._stats_log = StatsLog(os.path.join(args.output_dir, PROMPT_STATS_LOG))
-        elif self._stages:
-            raise ValueError("stages need a map-style `datasets.Dataset` as train_dataset (the prompt pool indexes it).")
+        elif self._stages or (is_or1 and args.rejection_refill_rounds):
+            raise ValueError(
+                "stages and rejection_refill_rounds need a map-style `datasets.Dataset` as train_dataset (the prompt pool "
+                "indexes it)."
+            )
         if self._stages:
             self._stage_shapes = self._resolve_stage_shapes(args)
             self._apply_stage_to_args(args, self._stage_shapes[0])
@@ -206,10 +210,7 @@ class OR1Trainer(GRPOTrainer):
         batch = super()._generate_and_score_completions(inputs)
         if not self.model.training:
             return batch
-        # The scalar reward of each row over all ranks, as TRL sums it (NaN where every function abstained).
-        rewards_per_func = self._rewards_all_ranks
-        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)  # [B*G]
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        rewards = self._scalar_rewards()  # [B*G] all ranks
         if self.prompt_stats is not None:
             self._record_prompt_stats(rewards)
         if not self._or1_loss_enabled:
@@ -219,10 +220,24 @@ class OR1Trainer(GRPOTrainer):
             outcomes = group_outcomes(rewards, self.num_generations)
             for name, value in outcomes.fractions().items():
                 self._metrics["train"][f"rejection/{name}"].append(value)
-
-            num_local = len(inputs)
-            start = self.accelerator.process_index * num_local
-            keep_rows = outcomes.keep.repeat_interleave(self.num_generations)[start : start + num_local]  # [b]
+            keep, num_groups = outcomes.keep, outcomes.num_groups  # [B] over all ranks
+            keep_rows = self._local_rows(keep, len(inputs))  # [b]
+            rounds = 0
+            while rounds < self.args.rejection_refill_rounds and int(keep.sum()) < num_groups:
+                # Refill (DAPO's dynamic sampling): another rollout batch from the pool, all ranks in lockstep; its
+                # informative groups fill the batch up, and the rest of it is discarded.
+                rounds += 1
+                extra = super()._generate_and_score_completions(self._refill_inputs(num_groups, len(inputs)))
+                extra_rewards = self._scalar_rewards()
+                self._record_prompt_stats(extra_rewards, refill=True)
+                extra_keep = group_outcomes(extra_rewards, self.num_generations).keep
+                extra_keep = cap_kept_groups(extra_keep, num_groups - int(keep.sum()))
+                batch = concat_batches(batch, extra, self._tokenizer.pad_token_id)
+                keep, keep_rows = torch.cat([keep, extra_keep]), torch.cat([keep_rows, self._local_rows(extra_keep, len(inputs))])
+            if self.args.rejection_refill_rounds:
+                self._metrics["train"]["refill/rounds"].append(float(rounds))
+                self._metrics["train"]["refill/generated_rows"].append(float(rounds * num_groups * self.num_generations))
+                self._metrics["train"]["refill/batch_fill"].append(int(keep.sum()) / num_groups)
             if self._rejection_mode == "compact":
                 batch = compact_batch(batch, keep_rows.to(batch["completion_ids"].device), self.args.steps_per_generation)
             else:
@@ -240,6 +255,31 @@ class OR1Trainer(GRPOTrainer):
         self._skip_update = kept_tokens.item() == 0
         return batch
 
+    def _scalar_rewards(self) -> torch.Tensor:
+        """`[B*G]` reward of each row of the last rollout over all ranks, as TRL sums it (NaN: every function abstained)."""
+        rewards_per_func = self._rewards_all_ranks
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        return rewards
+
+    def _local_rows(self, keep_groups: torch.Tensor, num_local: int) -> torch.Tensor:
+        """`[b]` this rank's rows of the groups `keep_groups` (`[B]` over all ranks; TRL's row layout)."""
+        start = self.accelerator.process_index * num_local
+        return keep_groups.repeat_interleave(self.num_generations)[start : start + num_local]
+
+    def _refill_inputs(self, num_groups: int, num_local: int) -> list[dict]:
+        """This rank's rows of the next refill batch: `num_groups` prompts from the pool, each G times."""
+        stage = self._stage.index if self._stage is not None else 0
+        if self._refill is None or self._refill.stage != stage or self._refill.batch_size != num_groups:
+            self._refill = PromptSampler(self.prompt_pool.active, num_groups, self.num_generations, 1,
+                                         seed=self.args.seed + 1, stage=stage, consumed=self._sampler_position.get("refill", 0))
+        prompts = self._refill.batch(self._refill.consumed)
+        self._refill.consumed += 1
+        self._sampler_position["refill"] = self._refill.consumed
+        rows = [index for index in prompts for _ in range(self.num_generations)]
+        start = self.accelerator.process_index * num_local
+        return [self.train_dataset[index] for index in rows[start : start + num_local]]
+
     @staticmethod
     def _loss_mask(inputs: dict[str, Any]) -> torch.Tensor:
         """`[b, T]` weight of each completion token: padding, tool output and rejected rows are 0."""
@@ -250,9 +290,9 @@ class OR1Trainer(GRPOTrainer):
             mask = mask * inputs[WEIGHT_KEY].unsqueeze(1)
         return mask
 
-    def _record_prompt_stats(self, rewards: torch.Tensor) -> None:
-        """Per-prompt outcomes of this rollout (all ranks) into the statistics, `prompt_stats.jsonl` (main process),
-        and the `stage` / `pool/size` metrics; the sampler's position advances by one rollout batch."""
+    def _record_prompt_stats(self, rewards: torch.Tensor, refill: bool = False) -> None:
+        """Per-prompt outcomes of this rollout (all ranks) into the statistics and `prompt_stats.jsonl` (main process);
+        for a regular rollout also the `stage` / `pool/size` metrics and one rollout batch of sampler position."""
         index, truncated, lengths = self._rows_all_ranks.T.tolist()
         stage = self._stage.index if self._stage is not None else 0
         step = self.state.global_step + 1
@@ -265,6 +305,8 @@ class OR1Trainer(GRPOTrainer):
                             "mean_length": outcome.length_sum / outcome.samples})
         if self.accelerator.is_main_process:
             self._stats_log.append(records)
+        if refill:
+            return
         if self._sampler is not None:
             self._sampler.consumed += 1
             self._sampler_position["consumed"] = self._sampler.consumed
@@ -583,7 +625,7 @@ class OR1Trainer(GRPOTrainer):
                         f"Stage {new_stage} starts at step {shape.start_step}: the online filter removed "
                         f"{removed['solved']} solved and {removed['unsolved']} never-solved prompts; pool: {len(pool)}."
                     )
-            self._sampler_position = {"stage": index, "consumed": 0}
+            self._sampler_position = {"stage": index, "consumed": 0, "refill": 0}
             if len(pool) < shape.batch_size:
                 raise ValueError(
                     f"Stage {index}: the online filter left {len(pool)} prompts in the pool, fewer than one batch of "
@@ -618,8 +660,8 @@ class OR1Trainer(GRPOTrainer):
         if not self._stages:
             return super()._get_train_sampler(dataset)
         shape = self._stage
-        consumed = self._sampler_position["consumed"] if self._sampler_position["stage"] == shape.index else 0
-        self._sampler_position = {"stage": shape.index, "consumed": consumed}
+        if self._sampler_position["stage"] != shape.index:
+            self._sampler_position = {"stage": shape.index, "consumed": 0, "refill": 0}
         self._sampler = PromptSampler(
             self.prompt_pool.active,
             batch_size=shape.batch_size,
@@ -627,7 +669,7 @@ class OR1Trainer(GRPOTrainer):
             repeat_count=self.num_iterations * shape.steps_per_generation,
             seed=self.args.seed,
             stage=shape.index,
-            consumed=consumed,
+            consumed=self._sampler_position["consumed"],
         )
         return self._sampler
 

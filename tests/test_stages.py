@@ -252,3 +252,32 @@ def test_bad_stage_input_fails_before_the_model_loads(tmp_path):
                    train_dataset=tagged_dataset(TAGS[:4]).add_column("id", ["a", "b", "a", "c"]))
     with pytest.raises(ValueError, match="The last stage ends at step 2, before max_steps=5"):
         OR1Config(**tiny_training_args(tmp_path, stages=[{"until_step": 2}], max_steps=5))
+
+
+def test_refill_fills_the_batch_with_informative_groups(tmp_path):
+    """rejection_refill_rounds: when rejection keeps fewer than B groups, more rollout batches are drawn (at most N
+    rounds) and their informative groups fill the batch; groups beyond B are discarded, never forwarded."""
+    model, tokenizer = tiny_model_and_tokenizer(seed=0)
+    reward = ScriptedReward()
+    tags = ["ALL", "NONE", "ALL", "MIX"] * 4  # a quarter of the prompts is informative
+    args = OR1Config(**tiny_training_args(tmp_path, max_steps=4, learning_rate=1e-3, rejection_refill_rounds=3))
+    trainer = OR1Trainer(model, reward, args=args, train_dataset=tagged_dataset(tags), processing_class=tokenizer)
+    trainer.train()
+    B = 2  # prompts per rollout batch (8 rows / 4 samples)
+    rounds, fills = logged(trainer, "refill/rounds"), logged(trainer, "refill/batch_fill")
+    calls = iter(n // G for n in reward.informative_rows)  # informative groups of each generate call, in order
+    forwarded = 0
+    for step_rounds, fill in zip(rounds, fills):
+        kept = next(calls)
+        used = 0
+        while used < 3 and kept < B:
+            kept, used = kept + next(calls), used + 1
+        assert step_rounds == used
+        assert fill == min(kept, B) / B
+        forwarded += max(1, min(kept, B) * G)  # capped at the batch; an empty step runs one zero-weight row
+    assert next(calls, None) is None  # every generate call is accounted for
+    assert sum(rounds) > 0 and any(f == 1.0 for f in fills)
+    assert trainer.or1_rows_forwarded == forwarded
+    assert logged(trainer, "refill/generated_rows") == [r * B * G for r in rounds]
+    records = stats_records(tmp_path)
+    assert sum(r["samples"] for r in records) == (len(rounds) + sum(rounds)) * B * G  # refill rollouts are counted too
