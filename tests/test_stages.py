@@ -281,3 +281,40 @@ def test_refill_fills_the_batch_with_informative_groups(tmp_path):
     assert logged(trainer, "refill/generated_rows") == [r * B * G for r in rounds]
     records = stats_records(tmp_path)
     assert sum(r["samples"] for r in records) == (len(rounds) + sum(rounds)) * B * G  # refill rollouts are counted too
+
+
+RECIPES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "recipes")
+
+
+@pytest.mark.parametrize(
+    "recipe,processes,table",
+    [
+        ("skywork_or1_math_7b.yaml", 8, [(740, 8192, 256, 128, 16), (1740, 16384, 256, 128, 16),
+                                         (2080, 32768, 256, 128, 16), (2160, 32768, 128, 64, 64)]),
+        ("skywork_or1_7b.yaml", 8, [(660, 16384, 256, 256, 16), (1320, 32768, 160, 160, 32)]),
+        ("skywork_or1_32b.yaml", 32, [(760, 16384, 256, 256, 16), (1130, 24576, 160, 160, 32)]),
+    ],
+)
+def test_paper_recipes_have_the_tables_stages(recipe, processes, table):
+    """Tables 10-12 exactly: (until_step, context, prompts per rollout, prompts per optimizer step, group), a shape
+    that divides on the recipe's world size, and the common settings with the entropy preset spelled out."""
+    from trl import ModelConfig, TrlParser
+
+    from or1_trl.cli import ScriptArguments
+
+    parser = TrlParser((ScriptArguments, OR1Config, ModelConfig))
+    _, args, _ = parser.parse_args_and_config(
+        ["--config", os.path.join(RECIPES, recipe), "--dataset_name", "d", "--bf16", "false", "--use_cpu", "true"]
+    )
+    stages = args.stage_list
+    assert [(s.until_step, s.max_completion_length, s.batch_size, s.mini_batch_size, s.num_generations) for s in stages] == table
+    assert args.max_steps == table[-1][0]
+    run = dict(max_completion_length=args.max_completion_length, num_generations=args.num_generations, batch_size=1,
+               mini_batch_size=1, temperature=args.temperature, learning_rate=args.learning_rate,
+               rows_per_micro_step=args.per_device_train_batch_size * processes)
+    shapes = [stage_shape(stages, i, **run) for i in range(len(stages))]
+    first = shapes[0]  # the config's own shape is stage 0's
+    assert (args.gradient_accumulation_steps, args.steps_per_generation) == (first.gradient_accumulation_steps, first.steps_per_generation)
+    assert (args.learning_rate, args.lr_scheduler_type.value, args.epsilon, args.beta, args.temperature) == (1e-6, "constant", 0.2, 0.0, 1.0)
+    assert (args.entropy_preset, args.entropy_target, args.entropy_coef_delta, args.entropy_coef_max) == ("paper", 0.2, 0.005, 1.0)
+    assert args.rejection_sampling == "compact" and args.online_filter_threshold == 1.0
