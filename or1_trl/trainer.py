@@ -7,15 +7,21 @@ high-entropy token mask (`get_high_entropy_mask`), and the checkpointing of the 
 
 What this class adds, hook by hook (one step k = one generation batch, on-policy):
 
-1. `_calculate_rewards`  — keeps the rewards of all ranks for step 2.
-2. `_generate_and_score_completions` — **rejection sampling** (`rejection.py`): groups whose rewards are all
-   equal leave the batch (T~_k); the normaliser T_k is recounted over the kept tokens of all ranks; rows are
-   compacted (or masked) before TRL shuffles and splits the batch into micro-steps.
+0. `train` — **stages** (§3.2.2, `stages.py`): one pass of transformers' loop per stage, each resuming from the
+   previous stage's last (complete, `checkpoint.py`) checkpoint with the stage's length, group and batch shape;
+   at each stage start the **online filter** (§3.1, `prompts.py`) shrinks the prompt pool that
+   `_get_train_sampler` draws from.
+1. `_calculate_rewards`  — keeps the rewards of all ranks, and each row's prompt, truncation and length.
+2. `_generate_and_score_completions` — **per-prompt statistics** (`prompts.py`, `prompt_stats.jsonl`); **rejection
+   sampling** (`rejection.py`): groups whose rewards are all equal leave the batch (T~_k), optionally refilled from
+   the pool; the normaliser T_k is recounted over the kept tokens of all ranks; rows are compacted (or masked)
+   before TRL shuffles and splits the batch into micro-steps.
 3. `_compute_loss` — **eq. 3.1**: PPO-clip per token (`loss.py`), optionally restricted to the top-ρ entropy tokens
    (80/20 rule), plus α_k·H over every kept token, all divided by T_k; then **eq. 3.2**: the entropy controller
    (`entropy.py`) measures e_k over all kept tokens of the step and updates c at the optimizer-step boundary.
-4. `training_step` — a step whose groups were all rejected drops its (zero-weight) gradients, so the optimizer
-   does not move (Adam's momentum would otherwise still move the weights); it is counted.
+4. `training_step` — a step with no trainable token on any rank (every group rejected, or every completion
+   masked) drops its (zero-weight) gradients, so the optimizer does not move (neither Adam's momentum nor weight
+   decay); it is counted.
 
 With every OR1 feature off (`rejection_sampling="off"`, `use_adaptive_entropy=False`, `entropy_coef=0`) or with a
 plain `GRPOConfig`, the trainer is `GRPOTrainer` unchanged.
