@@ -502,8 +502,8 @@ class OR1Trainer(GRPOTrainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
         """`Trainer.train`, resuming only from complete checkpoints, and running every stage of `OR1Config.stages`.
 
-        `resume_from_checkpoint=True` takes the newest *complete* checkpoint of `output_dir` (`checkpoint.py`); an
-        explicit folder that is incomplete (the run was killed while saving it) is an error naming what it lacks.
+        `resume_from_checkpoint=True` (or `"true"`) takes the newest *complete* checkpoint of `output_dir`
+        (`checkpoint.py`); an explicit folder that is incomplete (the run was killed while saving it) is an error naming what it lacks.
 
         Stages: each stage is one pass of transformers' training loop, from the previous stage's last step to its own
         `until_step`, with the stage's generation length, group size, batch shape, temperature and learning rate. A
@@ -537,6 +537,8 @@ class OR1Trainer(GRPOTrainer):
 
     def _resolve_checkpoint(self, resume_from_checkpoint: str | bool | None) -> str | None:
         required = self._checkpoint_files()
+        if isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() in ("true", "latest"):
+            resume_from_checkpoint = True  # the command line's `--resume_from_checkpoint true`
         if resume_from_checkpoint is True:
             found = checkpoint.last_complete_checkpoint(self.args.output_dir, required)
             if found is None:

@@ -78,7 +78,7 @@ def test_kill_while_checkpointing_resumes_from_last_complete_checkpoint(tmp_path
         make_trainer(tmp_path).train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
 
     resumed = make_trainer(tmp_path)
-    resumed.train(resume_from_checkpoint=True)
+    resumed.train(resume_from_checkpoint="true")  # as `--resume_from_checkpoint true` passes it
     # log_history = steps 1-2 from checkpoint-2, then the resumed steps 3-6: step for step the uninterrupted run's
     for key in ("entropy_coef", "entropy", "reward", "loss", "skipped_steps"):
         assert logged(resumed, key) == pytest.approx(logged(uninterrupted, key), abs=1e-6), key
