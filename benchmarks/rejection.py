@@ -93,8 +93,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     results = {kind: run(kind, args) for kind in ("trl", "mask", "compact")}
     base = results["trl"]
-    flags = "".join(f" --{k} {v}" for k, v, d in (("steps", args.steps, 8), ("constant-fraction", args.constant_fraction, 0.5),
-                                                 ("completion-length", args.completion_length, 64)) if v != d)
+    settings = (("steps", args.steps, 8), ("constant-fraction", args.constant_fraction, 0.5),
+                ("completion-length", args.completion_length, 64))
+    flags = "".join(f" --{name} {value}" for name, value, default in settings if value != default)
     lines = [
         f"Rejection sampling, `python benchmarks/rejection.py{flags}` ({args.steps} steps × {8 * GROUP} rows, "
         f"{args.constant_fraction:.0%} of the groups constant, {args.completion_length}-token completions, a 4-layer "

@@ -197,7 +197,8 @@ def test_demo_with_two_processes_prints_the_summary_once(tmp_path):
     command = [sys.executable, "-m", "accelerate.commands.launch",
                "--config_file", os.path.join(ROOT, "configs/accelerate/cpu_2proc.yaml"),
                "--main_process_port", str(free_port()),
-               "-m", "or1_trl.cli", "demo", "--output_dir", str(tmp_path / "demo"), "--max_steps", "3", "--sft_steps", "2"]
+               "-m", "or1_trl.cli", "demo", "--output_dir", str(tmp_path / "demo"),
+               "--max_steps", "3", "--sft_steps", "2"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path,
                             env={**ENV, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-4000:]

@@ -427,8 +427,8 @@ def test_importing_the_math_reward_does_not_import_torch_trl_or_transformers():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
     # ... and the package's public names still resolve, on first use.
-    result = _python("-c", "import sys, or1_trl; from or1_trl import OR1Config, OR1Trainer; "
-                           "print(OR1Trainer.__module__, OR1Config.__module__, or1_trl.AdaptiveEntropyController.__name__)")
+    result = _python("-c", "import sys, or1_trl; from or1_trl import OR1Config, OR1Trainer; print(OR1Trainer.__module__, "
+                           "OR1Config.__module__, or1_trl.AdaptiveEntropyController.__name__)")
     last = result.stdout.strip().splitlines()[-1]  # (the trainer's import may log a line first)
     assert last.split() == ["or1_trl.trainer", "or1_trl.config", "AdaptiveEntropyController"], result.stderr
 
