@@ -393,6 +393,10 @@ def bench_math(n: int, workers: int | None, think_chars: int, seed: int, group: 
             f"| `trl.rewards.accuracy_reward` (in-process, as TRL runs it) | {n / t_trl:,.1f} | 1.00× | "
             f"{1000 * cpu['trl'] / n:.1f} |",
             "",
+            f"Projected from CPU time for {pool.num_workers} free cores (the pool's critical path: parent + busiest "
+            f"worker): {n / c_ours:,.1f} completions/s = **{c_trl / c_ours:.2f}×** `accuracy_reward`. 1-min load "
+            f"average during the timed batches: {min(loads):.1f}–{max(loads):.1f} on {os.cpu_count()} CPUs.",
+            "",
             f"The pool's scores equal the plain in-process rule's on all {n} completions (checked); agreement with "
             f"TRL's `accuracy_reward`: {agree / n:.1%} (the differences by category: run the command).",
         ]
