@@ -4,7 +4,7 @@
 (serial and with one worker per CPU), for stdin/stdout and function-call tests, and the overhead per sample
 compared with a bare ``subprocess.run([sys.executable, "-c", code])`` per test (no isolation, no limits).
 
-    python benchmarks/code_sandbox_bench.py [n_samples]
+    python benchmarks/code_sandbox_bench.py [n_samples] [--markdown FILE]
 """
 
 from __future__ import annotations
@@ -102,5 +102,21 @@ def run(n_samples: int = 16) -> str:
     return "\n".join(lines)
 
 
+def main(argv: list[str] | None = None) -> str:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("n_samples", nargs="?", type=int, default=16)
+    parser.add_argument("--markdown", metavar="FILE", help="also write the table to FILE (for the README)")
+    args = parser.parse_args(argv)
+    table = run(args.n_samples)
+    print(table)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            command = f"`python benchmarks/code_sandbox_bench.py {args.n_samples}`"
+            f.write(table.replace("Code sandbox throughput:", f"Code sandbox throughput, {command}:", 1) + "\n")
+    return table
+
+
 if __name__ == "__main__":
-    print(run(int(sys.argv[1]) if len(sys.argv) > 1 else 16))
+    main()

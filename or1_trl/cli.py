@@ -1,18 +1,34 @@
-"""Command line: `or1-trl train` (= `examples/train_or1.py`) and `or1-trl demo`.
+"""Command line: `or1-trl <command> [ARGS]`; every command has its own `--help`.
 
-    accelerate launch examples/train_or1.py                       # offline demo (tiny model, CPU, minutes)
-    accelerate launch examples/train_or1.py --config examples/recipes/skywork_or1_math_7b.yaml
-    accelerate launch examples/train_or1.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \\
-        --dataset_name my/math-dataset --output_dir outputs/run
+    or1-trl --help                                     # the commands
+    or1-trl demo [--output_dir DIR] [--seed N]         # offline demo (tiny model, CPU, about a minute)
+    or1-trl train --config examples/recipes/skywork_or1_math_7b.yaml
+    or1-trl train --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name my/math-dataset --output_dir out
 
-Arguments are TRL's: an `OR1Config` (every `GRPOConfig` field), TRL's `ModelConfig` (model, dtype, LoRA) and the
-`ScriptArguments` below; `--config recipe.yaml` fills them from a YAML file (TRL's `TrlParser`).
+`examples/train_or1.py` is the same training entry point for `accelerate launch` (with no arguments it runs the
+demo). `or1-trl train`'s arguments are TRL's: an `OR1Config` (every `GRPOConfig` field), TRL's `ModelConfig`
+(model, dtype, LoRA) and the `ScriptArguments` below; `--config recipe.yaml` fills them from a YAML file (TRL's
+`TrlParser`).
+
+Adding a command: write `def my_command(argv: list[str]) -> None` that parses `argv` with its own parser
+(`argparse.ArgumentParser(prog="or1-trl my-command")` or TRL's `TrlParser`), and add one `Command` to `COMMANDS`.
+Commands import what they need inside the function, so `or1-trl --help` stays fast.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+# --------------------------------------------------------------------------------------------------------------
+# or1-trl train
+# --------------------------------------------------------------------------------------------------------------
+
+#: Gold column each verifier reads (the column `--answer_column` is renamed to).
+REWARD_COLUMNS = {"math": "answer", "code": "tests"}
 
 
 @dataclass
@@ -25,43 +41,106 @@ class ScriptArguments:
     dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration name."})
     dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
     prompt_column: str = field(default="prompt", metadata={"help": "Column holding the prompt."})
-    answer_column: str = field(
-        default="answer", metadata={"help": "Column holding the gold answer(s) (math) or the tests (code)."}
+    answer_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "Column holding the gold answer(s) (math) or the tests (code). Default: the reward's own column, "
+            "'answer' for --reward math, 'tests' for --reward code."
+        },
     )
     reward: str = field(
         default="math",
         metadata={"help": "Verifier: 'math' (Math-Verify, paper §7.1) or 'code' (sandbox, §7.2).", "choices": ["math", "code"]},
     )
 
-
-def _reward_function(name: str):
-    from .rewards import code_reward, math_reward
-
-    return math_reward if name == "math" else code_reward
+    def __post_init__(self):
+        if self.answer_column is None:
+            self.answer_column = REWARD_COLUMNS[self.reward]
 
 
-def train(argv: list[str] | None = None) -> None:
-    """Train with the MAGIC recipe; with no arguments, run the offline demo."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:
-        return demo()
+def model_path_problem(name: str) -> str | None:
+    """Why `name` can be neither a local model directory nor a Hugging Face Hub id, or `None` if it can be one.
 
-    from datasets import load_dataset
-    from trl import ModelConfig, TrlParser, get_peft_config
+    Checked before anything is loaded, so that a mistyped path says so instead of failing later with the Hub's
+    "Repo id must be in the form ..." (or a network error). A name that looks like a filesystem path (absolute,
+    `./`, `../`, `~`, more than one separator) must exist; anything else must be a valid Hub id."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    path = os.path.expanduser(name)
+    if os.path.isdir(path):
+        return None
+    if os.path.exists(path):
+        return f"model path {name!r} is a file; pass the model's directory (the one with config.json)"
+    separators = [os.sep] + ([os.altsep] if os.altsep else [])
+    looks_like_path = (
+        name.startswith(("~", "./", "../", ".\\", "..\\"))
+        or os.path.isabs(name)
+        or name in (".", "..")
+        or sum(name.count(s) for s in separators) > 1
+        or name.endswith(tuple(separators))
+    )
+    if looks_like_path:
+        return (
+            f"model path {name!r} does not exist (resolved to {os.path.abspath(path)!r}); pass an existing local "
+            "model directory or a Hub id such as 'Qwen/Qwen2.5-0.5B-Instruct'"
+        )
+    try:
+        validate_repo_id(name)
+    except HFValidationError as exc:
+        return f"--model_name_or_path {name!r} is neither an existing local directory nor a valid Hub id ({exc})"
+    return None
+
+
+def train_parser(prog: str | None = "or1-trl train"):
+    """TRL's parser for the training arguments: `ScriptArguments`, `OR1Config`, `ModelConfig`, plus `--config`."""
+    from trl import ModelConfig, TrlParser
 
     from .config import OR1Config
+
+    return TrlParser(
+        (ScriptArguments, OR1Config, ModelConfig),
+        prog=prog,
+        description="Train with the Skywork-OR1 (MAGIC) recipe: OR1Trainer = TRL's GRPOTrainer + the paper.",
+        epilog="--config RECIPE.yaml sets any of these flags from a YAML file (flags given here win); see "
+        "examples/recipes/. Run with `accelerate launch examples/train_or1.py ...` for several processes.",
+    )
+
+
+def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> None:
+    """Train with the MAGIC recipe on `--dataset_name`, scored by the `--reward` verifier."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = train_parser(prog)
+    script_args, training_args, model_args, config_unknown, cli_unknown = parser.parse_args_and_config(
+        argv, return_remaining_strings=True, separate_remaining_strings=True
+    )
+    if cli_unknown:
+        parser.error(f"unrecognized arguments: {' '.join(cli_unknown)}")
+    if config_unknown:
+        keys = [s[2:] for s in config_unknown[::2]]
+        parser.error(f"unknown keys in the --config file: {', '.join(keys)}")
+    if model_args.model_name_or_path is None or script_args.dataset_name is None:
+        parser.error("training needs --model_name_or_path and --dataset_name (`or1-trl demo` runs the offline demo)")
+    problem = model_path_problem(model_args.model_name_or_path)
+    if problem:
+        parser.error(problem)
+    if os.path.isdir(os.path.expanduser(model_args.model_name_or_path)):
+        model_args.model_name_or_path = os.path.expanduser(model_args.model_name_or_path)
+
+    from datasets import load_dataset
+    from trl import get_peft_config
+
+    from .rewards import code_reward, math_reward
     from .trainer import OR1Trainer
 
-    parser = TrlParser((ScriptArguments, OR1Config, ModelConfig))
-    script_args, training_args, model_args = parser.parse_args_and_config(argv)
-    if model_args.model_name_or_path is None or script_args.dataset_name is None:
-        parser.error("training needs --model_name_or_path and --dataset_name (or run with no arguments for the demo)")
-
     dataset = load_dataset(script_args.dataset_name, script_args.dataset_config, split=script_args.dataset_train_split)
-    target = "answer" if script_args.reward == "math" else "tests"
+    target = REWARD_COLUMNS[script_args.reward]
     for source, destination in ((script_args.prompt_column, "prompt"), (script_args.answer_column, target)):
         if source not in dataset.column_names:
-            parser.error(f"dataset {script_args.dataset_name!r} has no column {source!r} (columns: {dataset.column_names})")
+            parser.error(
+                f"dataset {script_args.dataset_name!r} has no column {source!r} (columns: {dataset.column_names}); "
+                f"--reward {script_args.reward} reads the {'prompt' if destination == 'prompt' else 'gold'} from "
+                f"--{'prompt' if destination == 'prompt' else 'answer'}_column"
+            )
         if source != destination:
             dataset = dataset.rename_column(source, destination)
 
@@ -73,7 +152,7 @@ def train(argv: list[str] | None = None) -> None:
     }
     trainer = OR1Trainer(
         model=model_args.model_name_or_path,
-        reward_funcs=_reward_function(script_args.reward),
+        reward_funcs=math_reward if script_args.reward == "math" else code_reward,
         args=training_args,
         train_dataset=dataset,
         peft_config=get_peft_config(model_args),
@@ -84,25 +163,89 @@ def train(argv: list[str] | None = None) -> None:
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
 
 
-def demo(output_dir: str = "outputs/or1-demo") -> None:
+# --------------------------------------------------------------------------------------------------------------
+# or1-trl demo
+# --------------------------------------------------------------------------------------------------------------
+
+
+def demo_parser(prog: str | None = "or1-trl demo") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="The offline demo: a tiny model (built in-process, no network) gets an SFT warm-up on the answer "
+        "format, then learns small additions with OR1Trainer and the MAGIC defaults, on CPU. Prints one line per "
+        "step and ends with `OR1 demo: reward A -> B` (mean reward of the first and of the last 5 steps).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.add_argument("--output_dir", default="outputs/or1-demo", help="where the trainers write (SFT in DIR/sft)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model, the data and the training")
+    parser.add_argument("--max_steps", type=int, default=150, help="OR1 training steps")
+    parser.add_argument("--sft_steps", type=int, default=60, help="SFT warm-up steps (answer format)")
+    return parser
+
+
+def demo(argv: list[str] | None = None, prog: str | None = "or1-trl demo") -> None:
     """The offline demo: tiny model, SFT warm-up on the answer format, then MAGIC on small additions."""
+    parser = demo_parser(prog)
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    for name in ("max_steps", "sft_steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+
+    from accelerate import PartialState
+
     from .demo import run_demo, summary_line
 
-    rewards = run_demo(output_dir)
-    print(summary_line(rewards), flush=True)
+    rewards = run_demo(args.output_dir, sft_steps=args.sft_steps, seed=args.seed, max_steps=args.max_steps)
+    if PartialState().is_main_process:  # one line per run, not one per rank
+        print(summary_line(rewards), flush=True)
 
 
-def main() -> None:
-    usage = "usage: or1-trl {train,demo} [ARGS]   (or1-trl train --help for the training arguments)"
-    if len(sys.argv) < 2 or sys.argv[1] not in ("train", "demo"):
-        print(usage, file=sys.stderr)
-        raise SystemExit(2)
-    command, rest = sys.argv[1], sys.argv[2:]
-    if command == "demo":
-        demo(*(rest[:1]))
-    else:
-        train(rest)
+# --------------------------------------------------------------------------------------------------------------
+# or1-trl
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Command:
+    """A sub-command: `run(argv)` gets the arguments after the command's name and parses them itself."""
+
+    name: str
+    help: str
+    run: Callable[[list[str]], object]
+
+
+COMMANDS: list[Command] = [
+    Command("train", "train with the MAGIC recipe (TRL's flags, --config recipe.yaml)", train),
+    Command("demo", "the offline demo: a tiny model learns small additions on CPU (about a minute)", demo),
+]
+
+
+def build_parser(commands: list[Command] = COMMANDS) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="or1-trl",
+        description="The Skywork-OR1 (MAGIC) recipe on top of Hugging Face TRL.",
+        epilog="Run `or1-trl COMMAND --help` for the arguments of a command.",
+        allow_abbrev=False,
+    )
+    subparsers = parser.add_subparsers(title="commands", dest="command", required=True)
+    for command in commands:
+        # The command's own parser reads its arguments (and its --help): nothing is parsed here.
+        subparsers.add_parser(command.name, help=command.help, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, _ = parser.parse_known_args(argv)  # exits for --help, a missing or an unknown command
+    index = argv.index(args.command)
+    if index:  # e.g. `or1-trl --verbose demo`: only --help goes before the command
+        parser.error(f"unrecognized arguments: {' '.join(argv[:index])}")
+    command = next(c for c in COMMANDS if c.name == args.command)
+    command.run(argv[index + 1 :])
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

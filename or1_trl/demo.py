@@ -5,7 +5,8 @@
 3. `OR1Trainer` with the MAGIC defaults (rejection sampling, adaptive entropy control, token-level loss, τ = 1.0)
    trains against the paper's Math-Verify reward (`or1_trl.rewards.math_reward`). Only the learning rate is raised: the paper's 1e-6 is for 7B models.
 
-`run_demo()` returns the per-step rewards; the script prints `OR1 demo: reward A -> B` (first 5 / last 5 steps).
+`run_demo()` returns the per-step rewards; `or1-trl demo` (`or1_trl/cli.py`) prints `OR1 demo: reward A -> B`
+(first 5 / last 5 steps), on the main process only.
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
-"""`examples/train_or1.py` with a model, a dataset and a recipe YAML; the recipes parse into the paper's numbers."""
+"""The command line: `or1-trl` and its sub-commands (`--help`, errors), `examples/train_or1.py` with a model, a
+dataset and a recipe YAML; the recipes parse into the paper's numbers."""
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 
@@ -9,11 +12,111 @@ import pytest
 from trl import ModelConfig, TrlParser
 
 from or1_trl import OR1Config
-from or1_trl.cli import ScriptArguments
+from or1_trl.cli import ScriptArguments, main, model_path_problem
 from or1_trl.testing import save_tiny_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(ROOT, "examples", "recipes")
+TINY = os.path.join(RECIPES, "tiny_cpu.yaml")
+# Subprocesses import this checkout's or1_trl (not another installed copy), as the console script would.
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline",
+       "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+
+
+def or1_trl_cli(*args, cwd=None, timeout=120):
+    """`or1-trl ARGS` in a fresh interpreter (the console script runs `or1_trl.cli:main`, see pyproject.toml)."""
+    return subprocess.run([sys.executable, "-m", "or1_trl.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout, env=ENV)
+
+
+def exit_code(capsys, *argv):
+    """`main(argv)` in-process: its exit status and (stdout, stderr)."""
+    with pytest.raises(SystemExit) as exc:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+def test_console_script_is_main():
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        assert 'or1-trl = "or1_trl.cli:main"' in f.read()
+
+
+def test_top_level_help_lists_the_commands(tmp_path):
+    result = or1_trl_cli("--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: or1-trl [-h] {train,demo} ...")
+    commands = dict(re.findall(r"^    (\w+)\s+(\S.*)$", result.stdout, flags=re.M))
+    assert set(commands) == {"train", "demo"}
+    assert commands["demo"].startswith("the offline demo") and commands["train"].startswith("train with the MAGIC")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        ([], "the following arguments are required: command"),
+        (["serve"], "argument command: invalid choice: 'serve' (choose from 'train', 'demo')"),
+        (["--verbose", "demo"], "or1-trl: error: unrecognized arguments: --verbose"),
+        (["demo", "--bogus"], "or1-trl demo: error: unrecognized arguments: --bogus"),
+        (["demo", "--max_steps", "0"], "or1-trl demo: error: --max_steps must be at least 1"),
+        (["train", "--config", TINY, "--bogus", "1"], "or1-trl train: error: unrecognized arguments: --bogus 1"),
+        (["train", "--config", TINY], "error: training needs --model_name_or_path and --dataset_name"),
+    ],
+)
+def test_usage_errors_exit_2_with_the_reason(capsys, argv, message):
+    code, out, err = exit_code(capsys, *argv)
+    assert code == 2 and message in err
+
+
+def test_unknown_key_in_the_recipe_is_a_usage_error(capsys, tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("use_cpu: true\nbf16: false\nlearning_rat: 0.1\n")
+    code, _, err = exit_code(capsys, "train", "--config", str(recipe))
+    assert code == 2 and "error: unknown keys in the --config file: learning_rat" in err
+
+
+def test_demo_help_prints_its_options_and_runs_nothing(tmp_path):
+    result = or1_trl_cli("demo", "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: or1-trl demo [-h] [--output_dir OUTPUT_DIR] [--seed SEED]")
+    for option, default in (("--output_dir", "outputs/or1-demo"), ("--seed", "0"), ("--max_steps", "150"),
+                            ("--sft_steps", "60")):
+        assert re.search(rf"{option} \S+\s.*?\(default:\s+{re.escape(default)}\)", result.stdout, flags=re.S), option
+    assert os.listdir(tmp_path) == []  # no directory named --help, no outputs/
+
+
+def test_train_help_shows_the_training_flags(capsys):
+    code, out, _ = exit_code(capsys, "train", "--help")
+    assert code == 0 and out.startswith("usage: or1-trl train [-h]")
+    for flag in ("--model_name_or_path", "--dataset_name", "--answer_column", "--reward {math,code}", "--output_dir",
+                 "--entropy_target", "--rejection_sampling", "--learning_rate", "--use_peft"):
+        assert flag in out, flag
+    assert "--config RECIPE.yaml sets any of these flags from a YAML file" in " ".join(out.split())
+
+
+@pytest.mark.parametrize("name", ["/nonexistent/or1/model", "./no-such-model", "../no-such-model",
+                                  "~/no-such-or1-model", "outputs/run/checkpoint-100"])
+def test_train_says_a_model_path_does_not_exist_before_loading_anything(capsys, tmp_path, name):
+    code, out, err = exit_code(capsys, "train", "--config", TINY, "--model_name_or_path", name,
+                               "--dataset_name", str(tmp_path / "no-dataset-either"))
+    assert code == 2 and f"or1-trl train: error: model path {name!r} does not exist" in err
+
+
+def test_model_name_or_path_check():
+    assert model_path_problem("Qwen/Qwen2.5-0.5B-Instruct") is None and model_path_problem("gpt2") is None
+    assert model_path_problem(ROOT) is None  # an existing directory
+    assert "is a file" in model_path_problem(os.path.join(ROOT, "pyproject.toml"))
+    assert "neither an existing local directory nor a valid Hub id" in model_path_problem("my model")
+
+
+def test_answer_column_defaults_to_the_rewards_column():
+    def answer_column(*flags):
+        return parse("skywork_or1_math_7b.yaml", "--bf16", "false", "--use_cpu", "true", *flags)[0].answer_column
+
+    assert answer_column() == "answer"
+    assert answer_column("--reward", "code") == "tests"
+    assert answer_column("--reward", "code", "--answer_column", "unit_tests") == "unit_tests"
 
 
 def parse(recipe, *extra):
@@ -64,3 +167,47 @@ def test_train_script_reports_missing_column(tmp_path):
         capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
     assert result.returncode != 0 and "has no column 'answer'" in result.stderr
+
+
+def test_code_reward_trains_on_a_tests_column_without_answer_column(tmp_path):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    with open(data_dir / "train.jsonl", "w") as f:
+        for i in range(16):
+            tests = {"inputs": [f"{i}\n"], "outputs": [f"{i + 1}\n"]}
+            f.write(json.dumps({"prompt": f"Print n+1 for n={i}:", "tests": json.dumps(tests)}) + "\n")
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "or1_trl.cli", "train", "--config", TINY, "--reward", "code",
+         "--model_name_or_path", save_tiny_model(tmp_path / "model"), "--dataset_name", str(data_dir),
+         "--output_dir", str(out)],
+        capture_output=True, text=True, timeout=600, env=ENV,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert (out / "model.safetensors").exists()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_demo_with_two_processes_prints_the_summary_once(tmp_path):
+    command = [sys.executable, "-m", "accelerate.commands.launch",
+               "--config_file", os.path.join(ROOT, "configs/accelerate/cpu_2proc.yaml"),
+               "--main_process_port", str(free_port()),
+               "-m", "or1_trl.cli", "demo", "--output_dir", str(tmp_path / "demo"),
+               "--max_steps", "3", "--sft_steps", "2"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                            env={**ENV, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = result.stdout.strip().splitlines()
+    steps = [line for line in lines if line.startswith("step ")]
+    assert [line[:8] for line in steps] == ["step   1", "step   2", "step   3"]
+    summaries = [line for line in lines if line.startswith("OR1 demo:")]
+    assert len(summaries) == 1 and summaries[0] == lines[-1]
+    rewards = [float(re.search(r"reward (\S+)", line).group(1)) for line in steps]
+    first, last = map(float, re.fullmatch(r"OR1 demo: reward (\d\.\d{3}) -> (\d\.\d{3})", summaries[0]).groups())
+    assert abs(first - sum(rewards) / 3) < 1e-3 and first == last  # fewer than 5 steps: both windows are all steps
+    assert sorted(os.listdir(tmp_path)) == ["demo"] and os.path.isdir(tmp_path / "demo" / "sft")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -407,6 +409,82 @@ def _always_half(text, golds, parsing_timeout, verify_timeout):
 def test_custom_score_fn_in_process():
     reward = MathReward(num_workers=0, score_fn=_always_half)
     assert reward.score_with_status([r"\boxed{1}", "x"], ["1", "2"]) == [(0.5, "custom"), (0.5, "custom")]
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HEAVY = ("torch", "trl", "transformers")
+
+
+def _python(*args, cwd=None):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
+
+
+def test_importing_the_math_reward_does_not_import_torch_trl_or_transformers():
+    # A user's score_fn module imports this in every worker: it must not pull in the trainer (7 s per worker).
+    result = _python("-c", "import sys, or1_trl.rewards.math, or1_trl.rewards, or1_trl; "
+                           f"print([m for m in {HEAVY!r} if m in sys.modules])")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+    # ... and the package's public names still resolve, on first use.
+    result = _python("-c", "import sys, or1_trl; from or1_trl import OR1Config, OR1Trainer; print(OR1Trainer.__module__, "
+                           "OR1Config.__module__, or1_trl.AdaptiveEntropyController.__name__)")
+    last = result.stdout.strip().splitlines()[-1]  # (the trainer's import may log a line first)
+    assert last.split() == ["or1_trl.trainer", "or1_trl.config", "AdaptiveEntropyController"], result.stderr
+
+
+USER_MODULE = """
+import sys
+from or1_trl.rewards.math import score_answer
+
+
+def score_and_report_imports(text, golds, parsing_timeout, verify_timeout):
+    score, status = score_answer(text, golds, parsing_timeout, verify_timeout)
+    heavy = [m for m in {heavy!r} if m in sys.modules]
+    return score, status + " heavy=" + (",".join(heavy) or "none")
+"""
+
+
+def test_score_fn_from_an_importable_user_module_runs_in_light_workers(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards_or1_test.py").write_text(USER_MODULE.format(heavy=HEAVY))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import my_rewards_or1_test
+
+    with MathReward(num_workers=1, warmup=False, score_fn=my_rewards_or1_test.score_and_report_imports) as reward:
+        got = reward.score_with_status([r"\boxed{2}", r"\boxed{3}", r"\boxed{0.5}"], ["2", "2", r"\frac{1}{2}"])
+    assert got == [(1.0, "string_match heavy=none"), (0.0, "wrong heavy=none"), (1.0, "string_match heavy=none")]
+
+
+def test_score_fn_defined_in_main_is_refused_before_any_worker_starts(tmp_path):
+    script = tmp_path / "train_with_my_score.py"
+    script.write_text(
+        "from or1_trl.rewards import MathReward\n\n"
+        "def my_score(text, golds, parsing_timeout, verify_timeout):\n"
+        "    return 1.0, 'mine'\n\n"
+        "reward = MathReward(num_workers=1, warmup=False, score_fn=my_score)\n"
+        "print(reward(['x'], answer=['1']))\n"
+    )
+    result = _python(str(script), cwd=tmp_path)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("TypeError: MathReward(score_fn='my_score'): 'my_score' is defined in __main__"), last
+    assert "define it in an importable module" in last and "WorkerStartupError" not in result.stderr
+    # In-process scoring needs no pickling: the same function works with num_workers=0.
+    script.write_text(script.read_text().replace("num_workers=1", "num_workers=0"))
+    result = _python(str(script), cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.strip() == "[1.0]", result.stderr
+
+
+def test_score_fn_that_cannot_be_pickled_is_refused():
+    def nested(text, golds, parsing_timeout, verify_timeout):
+        return 1.0, "nested"
+
+    for fn in (nested, lambda *args: (1.0, "lambda")):
+        with pytest.raises(TypeError, match=r"score_fn cannot be pickled .* must be a module-level function"):
+            MathReward(num_workers=1, score_fn=fn)
+        assert MathReward(num_workers=0, score_fn=fn)(["x"], answer=["1"]) == [1.0]
+    with pytest.raises(TypeError, match="score_fn must be callable"):
+        MathReward(num_workers=0, score_fn="score_answer")
 
 
 # ------------------------------------------------------------------------------------------------------------------

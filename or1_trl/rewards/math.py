@@ -55,6 +55,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import pickletools
 import socket
 import subprocess
 import sys
@@ -452,6 +453,35 @@ class WorkerStartupError(RuntimeError):
     """A worker process failed to start (broken environment): raised instead of silently scoring 0."""
 
 
+def _pickle_score_fn(score_fn: Callable) -> bytes:
+    """``score_fn`` as the bytes the workers unpickle; raises ``TypeError`` if a worker could not load it.
+
+    Pickle stores a function (or a class) by reference, ``module.qualname``, and each worker is a fresh interpreter
+    that imports that module: a lambda or a nested function cannot be pickled at all, and anything defined in the
+    parent's ``__main__`` (the script being run, a notebook, ``python -c``) is not importable in a worker, whose
+    ``__main__`` is its own bootstrap. Checked in the parent, before any worker starts."""
+    what = getattr(score_fn, "__qualname__", None) or type(score_fn).__qualname__
+    try:
+        data = pickle.dumps(score_fn, protocol=2)  # protocol 2 names every global in a GLOBAL opcode, see below
+    except Exception as exc:
+        raise TypeError(
+            f"MathReward(score_fn={what!r}): score_fn cannot be pickled ({exc}); the worker processes receive it "
+            "by reference, so it must be a module-level function (or picklable object) defined in an importable "
+            "module, e.g. `from my_rewards import my_score`, not a lambda or a nested function. "
+            "MathReward(num_workers=0) runs it in-process instead."
+        ) from exc
+    for opcode, arg, _ in pickletools.genops(data):
+        if opcode.name == "GLOBAL" and arg.split(" ", 1)[0] == "__main__":
+            name = arg.split(" ", 1)[1]
+            raise TypeError(
+                f"MathReward(score_fn={what!r}): {name!r} is defined in __main__ (the script or notebook being "
+                "run). The worker processes are fresh interpreters that import score_fn by reference and cannot "
+                "import your __main__: define it in an importable module (e.g. my_rewards.py next to your script, "
+                "then `from my_rewards import ...`), or use MathReward(num_workers=0) to score in-process."
+            )
+    return data
+
+
 class _Worker:
     """Parent-side handle of one worker process. Tasks are pipelined: ``inflight`` holds the ids sent to the
     worker, in order; the first is being scored (since ``since``), the others wait in the socket, so that the
@@ -540,13 +570,14 @@ class _WorkerPool:
         self._init = (
             "init",
             list(sys.path),
-            pickle.dumps(score_fn) if score_fn is not None else None,
+            _pickle_score_fn(score_fn) if score_fn is not None else None,
             parsing_timeout,
             verify_timeout,
             memory_limit_mb,
             warmup,
             fast_paths,
         )
+        self._score_fn_module = None if score_fn is None else getattr(score_fn, "__module__", type(score_fn).__module__)
         self._startup_timeout = startup_timeout
         self._env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         self.workers: list[_Worker] = []
@@ -697,9 +728,13 @@ class _WorkerPool:
 
     def _startup_failed(self, worker: _Worker, why: str) -> None:
         worker.kill()
+        needs = "math-verify"
+        if self._score_fn_module is not None:
+            needs += f" and the module of score_fn ({self._score_fn_module!r}, with everything it imports)"
         raise WorkerStartupError(
             f"math_reward: a worker process failed to start ({why}); see its traceback above. "
-            "Check that math-verify is importable by sys.executable, or use MathReward(num_workers=0)."
+            f"Check that {needs} can be imported by a fresh `{sys.executable}` with this process's sys.path, "
+            "or use MathReward(num_workers=0)."
         )
 
 
@@ -745,7 +780,11 @@ class MathReward:
             guard, see the module docstring); ``None`` keeps everything.
         memory_limit_mb: optional address-space limit (RLIMIT_AS) per worker; a sample exceeding it scores 0.
         score_fn: per-sample rule ``(text, golds, parsing_timeout, verify_timeout) -> (score, status)`` run in
-            the workers; default :func:`score_answer`. Must be picklable (a module-level function).
+            the workers; default :func:`score_answer`. The workers are fresh interpreters that import it by
+            reference (pickle), so it must be defined at module level in an importable module, not in the script
+            being run (``__main__``), a notebook, a lambda or a nested function: ``TypeError`` otherwise, raised
+            here. With ``num_workers=0`` any callable works. Importing ``or1_trl.rewards.math`` from that module
+            is cheap (it does not import torch, TRL or transformers).
         name: ``__name__`` used by TRL for logging (``rewards/<name>/mean``).
         startup_timeout: seconds a new worker may take to import Math-Verify and report ready.
         warmup: each worker scores ~30 typical answers before it takes samples (~3 s, in parallel), which
@@ -784,6 +823,10 @@ class MathReward:
         self.verify_timeout = _check_alarm_timeout("verify_timeout", verify_timeout)
         self.max_answer_chars = max_answer_chars
         self.memory_limit_mb = memory_limit_mb
+        if score_fn is not None and not callable(score_fn):
+            raise TypeError(f"score_fn must be callable, got {score_fn!r}")
+        if score_fn is not None and self.num_workers > 0:
+            _pickle_score_fn(score_fn)  # fail here, with the reason, rather than in the workers
         self.score_fn = score_fn
         self.startup_timeout = float(startup_timeout)
         self.warmup = bool(warmup)

@@ -1,0 +1,110 @@
+"""`benchmarks/update_readme.py`: the README's figure blocks are rewritten from the benchmarks' own output."""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "update_readme.py")
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline",
+       "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+
+spec = importlib.util.spec_from_file_location("update_readme", SCRIPT)
+update_readme = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = update_readme  # (dataclasses look their module up)
+spec.loader.exec_module(update_readme)
+
+TEXT = """# Title
+
+<!-- benchmarks/demo.py -->
+old demo figures
+| a | b |
+<!-- /benchmarks/demo.py -->
+
+Prose about the demo, kept.
+
+<!-- benchmarks/rejection.py -->
+old rejection figures
+<!-- /benchmarks/rejection.py -->
+"""
+
+
+def test_replace_block_rewrites_only_between_its_markers():
+    new = update_readme.replace_block(TEXT, "benchmarks/demo.py", "new line 1\nnew line 2\n")
+    assert new == TEXT.replace("old demo figures\n| a | b |\n", "new line 1\nnew line 2\n")
+    assert update_readme.replace_block(new, "benchmarks/demo.py", "old demo figures\n| a | b |") == TEXT
+    emptied = update_readme.replace_block(TEXT, "benchmarks/rejection.py", "")
+    assert "<!-- benchmarks/rejection.py -->\n<!-- /benchmarks/rejection.py -->\n" in emptied
+    # Backslashes and group references in the content are written as they are.
+    assert r"\boxed{1} \1 $1" in update_readme.replace_block(TEXT, "benchmarks/demo.py", r"\boxed{1} \1 $1")
+
+
+@pytest.mark.parametrize(
+    "text,found",
+    [
+        ("no markers\n", "found 0 and 0"),
+        (TEXT + "<!-- benchmarks/demo.py -->\n", "found 2 and 1"),
+        ("<!-- /benchmarks/demo.py -->\n<!-- benchmarks/demo.py -->\n", "found 1 and 1, in the wrong order"),
+        ("text <!-- benchmarks/demo.py --> inline\n<!-- /benchmarks/demo.py -->\n", "found 0 and 1"),
+    ],
+)
+def test_replace_block_refuses_missing_repeated_or_misplaced_markers(text, found):
+    with pytest.raises(ValueError, match=re.escape(found)):
+        update_readme.replace_block(text, "benchmarks/demo.py", "x")
+
+
+def test_every_benchmark_has_its_block_in_the_readme():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    for name, bench in update_readme.BENCHMARKS.items():
+        assert os.path.exists(os.path.join(ROOT, bench.script)), bench.script
+        update_readme.replace_block(readme, bench.script, "checked")  # raises if the markers are wrong
+
+
+def run_update(*args):
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=600, env=ENV,
+                          cwd=ROOT)
+
+
+def test_quick_demo_rewrites_a_copy_of_the_readme(tmp_path):
+    copy = tmp_path / "README.md"
+    copy.write_text(TEXT)
+    result = run_update("demo", "--quick", "--readme", str(copy))
+    assert result.returncode == 0, result.stderr[-4000:]
+    text = copy.read_text()
+    block = text.split("<!-- benchmarks/demo.py -->\n")[1].split("<!-- /benchmarks/demo.py -->")[0]
+    provenance, body = block.split("\n\n", 1)
+    assert re.fullmatch(
+        r"_Measured \d{4}-\d\d-\d\d on \d+ CPUs \(.+\), torch \S+, Python \S+; 1-min load average up to \d+\.\d "
+        r"during the run; `python benchmarks/demo\.py --runs 1 --quick`, written here by "
+        r"`python benchmarks/update_readme\.py demo --quick` \(numbers meaningless\)\._", provenance), provenance
+    rows = re.findall(r"^\| 1 \| (\d+\.\d) \| (\d\.\d\d) \| (\d\.\d{3}) → (\d\.\d{3}) \|$", body, flags=re.M)
+    assert len(rows) == 1 and float(rows[0][0]) > 0 and 0.05 < float(rows[0][1]) < 8
+    assert "The 1 runs printed the same rewards at all 3 steps" in body
+    # Everything outside the demo's markers is unchanged.
+    assert text.replace(block, "") == TEXT.replace("old demo figures\n| a | b |\n", "")
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["demo", "--quick"], "--quick numbers mean nothing: write them to a copy with --readme PATH"),
+        (["nonesuch"], "unknown benchmark(s) nonesuch; choose from demo, rejection, rewards, code_sandbox"),
+        ([], "name at least one benchmark (or --all, --list)"),
+    ],
+)
+def test_update_readme_usage_errors(args, message):
+    result = run_update(*args)
+    assert result.returncode == 2 and message in result.stderr
+
+
+def test_update_readme_refuses_a_readme_without_the_block(tmp_path):
+    copy = tmp_path / "README.md"
+    copy.write_text("# no markers\n")
+    result = run_update("demo", "--quick", "--readme", str(copy))
+    assert result.returncode != 0 and "needs one line '<!-- benchmarks/demo.py -->'" in result.stderr
+    assert copy.read_text() == "# no markers\n"  # checked before running anything
