@@ -118,13 +118,19 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
     if config_unknown:
         keys = [s[2:] for s in config_unknown[::2]]
         parser.error(f"unknown keys in the --config file: {', '.join(keys)}")
-    if model_args.model_name_or_path is None or script_args.dataset_name is None:
-        parser.error("training needs --model_name_or_path and --dataset_name (`or1-trl demo` runs the offline demo)")
-    problem = model_path_problem(model_args.model_name_or_path)
-    if problem:
-        parser.error(problem)
-    if os.path.isdir(os.path.expanduser(model_args.model_name_or_path)):
-        model_args.model_name_or_path = os.path.expanduser(model_args.model_name_or_path)
+    builtin = model_args.model_name_or_path is None and script_args.dataset_name is None
+    if builtin and script_args.reward != "math":
+        parser.error("without --model_name_or_path and --dataset_name, training uses the demo's tiny model and "
+                     "addition prompts, which need --reward math")
+    if not builtin and (model_args.model_name_or_path is None or script_args.dataset_name is None):
+        parser.error("training needs both --model_name_or_path and --dataset_name, or neither (then the demo's tiny "
+                     "model and addition prompts, offline; `or1-trl demo` runs the demo itself)")
+    if not builtin:
+        problem = model_path_problem(model_args.model_name_or_path)
+        if problem:
+            parser.error(problem)
+        if os.path.isdir(os.path.expanduser(model_args.model_name_or_path)):
+            model_args.model_name_or_path = os.path.expanduser(model_args.model_name_or_path)
 
     from datasets import load_dataset
     from trl import get_peft_config
@@ -132,7 +138,13 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
     from .rewards import code_reward, math_reward
     from .trainer import OR1Trainer
 
-    dataset = load_dataset(script_args.dataset_name, script_args.dataset_config, split=script_args.dataset_train_split)
+    if builtin:
+        from .demo import demo_model_and_data
+
+        model, tokenizer, dataset = demo_model_and_data(os.path.join(training_args.output_dir, "sft"), seed=training_args.seed)
+    else:
+        model, tokenizer = model_args.model_name_or_path, None
+        dataset = load_dataset(script_args.dataset_name, script_args.dataset_config, split=script_args.dataset_train_split)
     target = REWARD_COLUMNS[script_args.reward]
     for source, destination in ((script_args.prompt_column, "prompt"), (script_args.answer_column, target)):
         if source not in dataset.column_names:
@@ -151,10 +163,11 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
         "attn_implementation": model_args.attn_implementation,
     }
     trainer = OR1Trainer(
-        model=model_args.model_name_or_path,
+        model=model,
         reward_funcs=math_reward if script_args.reward == "math" else code_reward,
         args=training_args,
         train_dataset=dataset,
+        processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)

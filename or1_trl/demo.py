@@ -94,25 +94,33 @@ def demo_config(output_dir: str = "outputs/or1-demo", **overrides):
     return OR1Config(**settings)
 
 
-def run_demo(output_dir: str = "outputs/or1-demo", sft_steps: int = 60, seed: int = 0, reward_func=None, **overrides):
-    """Run warm-up + OR1 training, scored by `math_reward` (paper §7.1). Returns the per-step mean rewards."""
+def demo_model_and_data(sft_output_dir: str, sft_steps: int = 60, seed: int = 0):
+    """The demo's starting point, offline: `(model, tokenizer, prompts)` — the tiny model after its SFT warm-up on
+    the answer format, and 2,000 addition prompts with their `answer` (also what the training script uses when it
+    is given neither a model nor a dataset, e.g. `examples/recipes/tiny_cpu_two_stage.yaml`)."""
     from transformers import set_seed
 
-    from .rewards import math_reward
     from .testing import tiny_model_and_tokenizer
-    from .trainer import OR1Trainer
 
     set_seed(seed)
     model, tokenizer = tiny_model_and_tokenizer(seed=seed)
     train = addition_dataset(2000, seed=seed)
-    model = warm_up(model, tokenizer, train, f"{output_dir}/sft", sft_steps, seed)
+    model = warm_up(model, tokenizer, train, sft_output_dir, sft_steps, seed)
+    return model, tokenizer, train.remove_columns("completion")
 
+
+def run_demo(output_dir: str = "outputs/or1-demo", sft_steps: int = 60, seed: int = 0, reward_func=None, **overrides):
+    """Run warm-up + OR1 training, scored by `math_reward` (paper §7.1). Returns the per-step mean rewards."""
+    from .rewards import math_reward
+    from .trainer import OR1Trainer
+
+    model, tokenizer, train = demo_model_and_data(f"{output_dir}/sft", sft_steps, seed)
     printer = StepPrinter()
     trainer = OR1Trainer(
         model=model,
         reward_funcs=reward_func or math_reward,
         args=demo_config(output_dir, seed=seed, **overrides),
-        train_dataset=train.remove_columns("completion"),
+        train_dataset=train,
         processing_class=tokenizer,
         callbacks=[printer],
     )

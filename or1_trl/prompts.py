@@ -179,7 +179,7 @@ class PromptPool:
     ) -> dict[str, int]:
         """Start `new_stage`: drop the prompts mastered in the previous stage (accuracy ≥ `threshold`, among those
         sampled there) and, if `unsolved_after` is set, those never solved in `unsolved_after` or more samples.
-        Returns how many left for each reason."""
+        Returns how many prompts (ids; rows with one id leave together) left for each reason."""
         previous = stats.stage(new_stage - 1)
         counts = {"solved": 0, "unsolved": 0}
         keep = []
@@ -194,7 +194,7 @@ class PromptPool:
                     reason = "unsolved"
             if reason is None:
                 keep.append(index)
-            else:
+            elif pid not in self.removed:
                 self.removed[pid] = {"stage": new_stage, "reason": reason}
                 counts[reason] += 1
         self.active = keep

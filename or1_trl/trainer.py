@@ -631,7 +631,7 @@ class OR1Trainer(GRPOTrainer):
                 if self.accelerator.is_main_process:
                     logger.warning(
                         f"Stage {new_stage} starts at step {shape.start_step}: the online filter removed "
-                        f"{removed['solved']} solved and {removed['unsolved']} never-solved prompts; pool: {len(pool)}."
+                        f"{removed['solved']} solved and {removed['unsolved']} never-solved prompts; pool: {len(pool)} rows."
                     )
             self._sampler_position = {"stage": index, "consumed": 0, "refill": 0}
             if len(pool) < shape.batch_size:

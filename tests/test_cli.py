@@ -211,3 +211,35 @@ def test_demo_with_two_processes_prints_the_summary_once(tmp_path):
     first, last = map(float, re.fullmatch(r"OR1 demo: reward (\d\.\d{3}) -> (\d\.\d{3})", summaries[0]).groups())
     assert abs(first - sum(rewards) / 3) < 1e-3 and first == last  # fewer than 5 steps: both windows are all steps
     assert sorted(os.listdir(tmp_path)) == ["demo"] and os.path.isdir(tmp_path / "demo" / "sft")
+
+
+def test_tiny_two_stage_recipe_runs_offline_with_its_own_model_and_data(tmp_path):
+    """The recipe's launch command, as written in its header: two stages, the demo's tiny model and prompts (none
+    given), stage 2 with a longer context and a larger group, and an online filter that really removes prompts —
+    the pool checked against the statistics of stage 1 by hand."""
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+         "--mixed_precision", "no", "--dynamo_backend", "no", os.path.join(ROOT, "examples", "train_or1.py"),
+         "--config", os.path.join(RECIPES, "tiny_cpu_two_stage.yaml"), "--output_dir", str(out),
+         "--save_strategy", "steps", "--save_steps", "30"],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    state = json.loads((out / "checkpoint-30" / "trainer_state.json").read_text())
+    steps = [e for e in state["log_history"] if "stage" in e]
+    assert [e["stage"] for e in steps] == [0] * 20 + [1] * 10
+    records = [json.loads(line) for line in (out / "prompt_stats.jsonl").read_text().splitlines()]
+    assert {r["samples"] for r in records if r["stage"] == 0} <= {8, 16, 24, 32}  # groups of 8 (a prompt may repeat)
+    assert all(r["samples"] % 16 == 0 for r in records if r["stage"] == 1)  # groups of 16
+    assert max(r["mean_length"] for r in records if r["stage"] == 0) <= 8
+    totals = {}
+    for r in (r for r in records if r["stage"] == 0):
+        n, c = totals.get(r["prompt_id"], (0, 0))
+        totals[r["prompt_id"]] = (n + r["samples"], c + r["correct"])
+    removed = {pid for pid, (n, c) in totals.items() if c / n >= 0.7}
+    assert removed, "the filter must remove prompts in this recipe"
+    assert not removed & {r["prompt_id"] for r in records if r["stage"] == 1}
+    pool = json.loads((out / "checkpoint-30" / "or1_prompts.json").read_text())["pool"]
+    assert set(pool["removed"]) == removed
+    assert steps[-1]["pool/size"] < steps[0]["pool/size"] == 2000
