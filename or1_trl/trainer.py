@@ -103,7 +103,9 @@ class OR1Trainer(GRPOTrainer):
     Attributes:
         entropy_controller ([`AdaptiveEntropyController`]): state of eq. 3.2 (`entropy_coef` mirrors its c).
         or1_rows_forwarded (`int`): rows that went through the policy forward/backward on this rank.
-        or1_skipped_steps (`int`): optimizer steps skipped because every group was rejected.
+        or1_skipped_steps (`int`): optimizer steps skipped because no token was trainable (e.g. every group rejected).
+        prompt_stats ([`PromptStats`]): per-stage, per-prompt outcome counts (`OR1Config` with a `datasets.Dataset`).
+        prompt_pool ([`PromptPool`]): the rows the sampler may draw, and the prompts the online filter removed.
     """
 
     _tag_names = ["trl", "grpo", "or1"]
