@@ -61,7 +61,9 @@ def test_top_level_help_lists_the_commands(tmp_path):
         (["demo", "--bogus"], "or1-trl demo: error: unrecognized arguments: --bogus"),
         (["demo", "--max_steps", "0"], "or1-trl demo: error: --max_steps must be at least 1"),
         (["train", "--config", TINY, "--bogus", "1"], "or1-trl train: error: unrecognized arguments: --bogus 1"),
-        (["train", "--config", TINY], "error: training needs --model_name_or_path and --dataset_name"),
+        (["train", "--config", TINY, "--model_name_or_path", "some/model"],
+         "error: training needs both --model_name_or_path and --dataset_name, or neither"),
+        (["train", "--config", TINY, "--reward", "code"], "need --reward math"),
     ],
 )
 def test_usage_errors_exit_2_with_the_reason(capsys, argv, message):
