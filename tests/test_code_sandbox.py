@@ -436,7 +436,7 @@ def test_each_bwrap_binary_isolates(which, sandbox_missing, monkeypatch):
             f"    leaks.append('network')\n"
             f"except OSError:\n"
             f"    pass\n"
-            f"for p in ({os.path.join(canary_dir, 'w')!r}, '/usr/or1_w', '/etc/or1_w'):\n"
+            f"for p in ({os.path.join(canary_dir, 'w')!r}, '/usr/or1_w', '/etc/or1_w', '/or1_w'):\n"
             f"    try:\n"
             f"        open(p, 'w').write('x')\n"
             f"        leaks.append('write ' + p)\n"

@@ -864,6 +864,9 @@ class Sandbox:
                     made.add(anc)
             cmd += ["--ro-bind", p, p]
         cmd += ["--perms", "0755", "--dir", "/.or1_sandbox", "--ro-bind", self.driver_path, driver_in]
+        # The new root is a tmpfs with no size cap, owned by the sandbox user when the trainer is unprivileged:
+        # make it read-only, so the capped /tmp is the only writable place.
+        cmd += ["--remount-ro", "/"]
         cmd += ["--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
                 "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8"]
         if self.is_root:
