@@ -24,7 +24,7 @@ import uuid
 import pytest
 
 from or1_trl.rewards.code import CodeReward, code_reward, extract_code
-from or1_trl.rewards.sandbox import Sandbox, SandboxUnavailable, bwrap_candidates, decode_value, encode_value
+from or1_trl.rewards.sandbox import Sandbox, SandboxUnavailable, decode_value, encode_value
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NESTED = os.environ.get("OR1_SANDBOX_NESTED") == "1"
@@ -466,7 +466,7 @@ def test_fallback_backends(backend):
         r = CodeReward(backend=backend, python=python, timeout_per_test=TIMEOUT, total_timeout=10,
                        memory_mb=256, max_processes=16, num_workers=2)
         try:
-            r.sandbox
+            _ = r.sandbox  # builds the sandbox: probes the backend
             break
         except SandboxUnavailable as e:
             reasons.append(str(e))
@@ -534,7 +534,8 @@ def test_suite_as_unprivileged_user(sandbox_missing):
     env = dict(os.environ, OR1_NESTED_HOME=home, OR1_NESTED_CWD=stage)
     cmd = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", _NESTED_LAUNCHER, "65534",
            ":".join(exposes), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=-ra",
-           os.path.join(stage, "tests", "test_code_sandbox.py"), os.path.join(stage, "tests", "test_sandbox_backends.py")]
+           os.path.join(stage, "tests", "test_code_sandbox.py"),
+           os.path.join(stage, "tests", "test_sandbox_backends.py")]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=170)
     finally:

@@ -18,8 +18,7 @@ import uuid
 import pytest
 
 from or1_trl.rewards.code import CodeReward
-from or1_trl.rewards.sandbox import (LOST_ISOLATION, Sandbox, SandboxError, SandboxUnavailable,
-                                     bwrap_candidates)
+from or1_trl.rewards.sandbox import LOST_ISOLATION, Sandbox, SandboxError, SandboxUnavailable, bwrap_candidates
 
 CORRECT = "```python\nprint(int(input()) + 1)\n```"
 WRONG = "```python\nprint(int(input()) + 2)\n```"

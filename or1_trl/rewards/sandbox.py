@@ -665,8 +665,8 @@ class Sandbox:
     """Runs a job (a program and its tests) in an isolated, resource-limited sandbox (paper §7.2).
 
     A backend is used only after it has proven itself here: at construction, a known-good program must pass and
-    a known-bad one must fail through it, with the configured interpreter and limits (the result is remembered
-    per process). ``backend="auto"`` takes the strongest backend that passes, warning (``RuntimeWarning``) with
+    a known-bad one must fail through it, with the configured interpreter and limits (a pass is remembered for
+    the process). ``backend="auto"`` takes the strongest backend that passes, warning (``RuntimeWarning``) with
     what isolation is lost when that is not bwrap; an explicit backend is probed the same way. When nothing
     allowed passes, :class:`SandboxUnavailable` lists every backend with its reason and what to do.
 
@@ -774,7 +774,8 @@ class Sandbox:
             "or1-trl depends on it there) or `apt-get install -y bubblewrap`;",
             "  * allow user namespaces when the trainer is not root (sysctl kernel.unprivileged_userns_clone=1, "
             "user.max_user_namespaces > 0, on Ubuntu kernel.apparmor_restrict_unprivileged_userns=0; in a "
-            "container, a seccomp/AppArmor profile that permits them);",
+            "container, a seccomp/AppArmor profile that permits them); a root trainer needs CAP_SYS_ADMIN "
+            "instead (a VM, or a container with --cap-add SYS_ADMIN or --privileged);",
             f"  * give {who} read and execute permission on the interpreter's directories and their parents "
             f"(e.g. chmod o+rx), which unshare and rlimit need (bwrap binds them read-only);",
             "  * or pass python= an interpreter the sandbox can run (e.g. /usr/bin/python3, or a venv outside a "
