@@ -66,6 +66,8 @@ the rlimits, the empty environment, the session/process group and (root only) th
 isolation, no file-system isolation, and when the trainer is unprivileged the code runs as the trainer's
 uid (it can read ``/proc/<trainer>/environ`` and signal the trainer, and RLIMIT_NPROC is not set because it
 would count the trainer's own threads).
+Aggregate memory is bounded by ``max_processes × memory_mb`` (+ tmpfs size): rlimits are per process and
+cgroups are not used.
 
 Choosing a backend: a backend is used only after it has proven itself (:meth:`Sandbox._probe`): a known-good
 program must pass — reporting the configured interpreter's own prefix and stdlib, so an interpreter that
@@ -77,8 +79,6 @@ backend with its reason and what to do. Typical reasons: no bwrap; no user names
 trainer (bwrap, unshare); a root trainer whose interpreter lives in a directory the sandbox uid cannot
 read, such as a 0700 home (unshare, rlimit; bwrap binds the interpreter's directories read-only and creates
 their ancestors as fresh 0755 directories, so it reaches it).
-Aggregate memory is bounded by ``max_processes × memory_mb`` (+ tmpfs size): rlimits are per process and
-cgroups are not used.
 """
 
 from __future__ import annotations
@@ -1023,6 +1023,8 @@ class Sandbox:
 
         def fail(status):
             res.status = status if ready else "sandbox_error"
+            if not ready and status == "protocol_error":
+                res.error = f"the {self.backend} sandbox wrote unexpected output before its driver was ready"
 
         while open_r:
             remaining = deadline - time.monotonic()
@@ -1084,7 +1086,7 @@ class Sandbox:
                             ready = True
                             continue
                         else:
-                            res.status = "sandbox_error"
+                            fail("protocol_error")
                         return
                     if "done" in rec:
                         if rec["done"] != n_tests or len(res.records) != n_tests:
