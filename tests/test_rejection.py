@@ -70,3 +70,21 @@ def test_mask_batch_keeps_rows():
     keep = torch.tensor([1, 0, 1, 1, 0, 0], dtype=torch.bool)
     out = mask_batch(_batch(), keep)
     assert len(out["completion_ids"]) == 6 and out[WEIGHT_KEY].tolist() == keep.float().tolist()
+
+
+def test_concat_batches_pads_prompts_left_and_completions_right():
+    from or1_trl.rejection import concat_batches
+
+    first = {"prompt_ids": torch.tensor([[5, 6, 7]]), "prompt_mask": torch.tensor([[1, 1, 1]]),
+             "completion_ids": torch.tensor([[8, 9]]), "completion_mask": torch.tensor([[1, 1]]),
+             "advantages": torch.tensor([0.5]), "num_items_in_batch": torch.tensor(2.0), "old_per_token_logps": None}
+    second = {"prompt_ids": torch.tensor([[4]]), "prompt_mask": torch.tensor([[1]]),
+              "completion_ids": torch.tensor([[1, 2, 3]]), "completion_mask": torch.tensor([[1, 1, 0]]),
+              "advantages": torch.tensor([-0.5]), "num_items_in_batch": torch.tensor(2.0), "old_per_token_logps": None}
+    out = concat_batches(first, second, pad_token_id=0)
+    assert list(out) == list(first)  # TRL sizes a batch by its first entry: the order is kept
+    assert out["prompt_ids"].tolist() == [[5, 6, 7], [0, 0, 4]] and out["prompt_mask"].tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert out["completion_ids"].tolist() == [[8, 9, 0], [1, 2, 3]] and out["completion_mask"].tolist() == [[1, 1, 0], [1, 1, 0]]
+    assert out["advantages"].tolist() == [0.5, -0.5] and out["old_per_token_logps"] is None
+    with pytest.raises(ValueError, match="multimodal"):
+        concat_batches({**first, "pixel_values": torch.zeros(1, 3)}, {**second, "pixel_values": torch.zeros(1, 3)}, 0)
