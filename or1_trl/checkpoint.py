@@ -94,3 +94,32 @@ def last_complete_checkpoint(output_dir: str, required: list[str]) -> str | None
         if not missing_files(folder, required):
             return folder
     return None
+
+
+def resolve_resume(output_dir: str, resume_from_checkpoint: str | bool | None, required: list[str]) -> str | None:
+    """The folder `Trainer.train(resume_from_checkpoint=...)` should resume from, or None for a fresh start.
+
+    `True` (or the command line's `"true"`) is the newest *complete* checkpoint of `output_dir`; an explicit folder
+    must be complete. Either way a clear `ValueError` says what is missing.
+    """
+    if isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() in ("true", "latest"):
+        resume_from_checkpoint = True
+    if resume_from_checkpoint is True:
+        found = last_complete_checkpoint(output_dir, required)
+        if found is None:
+            incomplete = checkpoints(output_dir)
+            raise ValueError(
+                f"No complete checkpoint to resume from in {output_dir}"
+                + (f" (incomplete: {[os.path.basename(c) for c in incomplete]})." if incomplete else ".")
+            )
+        return found
+    if resume_from_checkpoint:
+        missing = missing_files(resume_from_checkpoint, required)
+        if missing:
+            raise ValueError(
+                f"Checkpoint {resume_from_checkpoint} is incomplete: {missing[0]} is missing (the run was probably "
+                "stopped while saving it), so resuming from it would silently reset state. Resume from an earlier "
+                "checkpoint, or pass resume_from_checkpoint=True to take the newest complete one."
+            )
+        return resume_from_checkpoint
+    return None

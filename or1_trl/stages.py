@@ -163,3 +163,38 @@ def stage_shape(
         temperature=values["temperature"],
         learning_rate=values["learning_rate"],
     )
+
+
+def stage_shapes(stages: list[Stage], args, num_processes: int) -> list[StageShape]:
+    """Every stage of a run in TRL's terms: what a stage leaves out comes from `args` (an `OR1Config`), with
+    `per_device_train_batch_size` fixed. Shapes that do not divide fail here, before anything runs."""
+    rows = args.per_device_train_batch_size * num_processes  # rows per micro-step, all ranks
+    G = args.num_generations
+    run = dict(
+        max_completion_length=args.max_completion_length,
+        num_generations=G,
+        batch_size=args.generation_batch_size // G,
+        mini_batch_size=rows * args.gradient_accumulation_steps // G,
+        temperature=args.temperature,
+        learning_rate=args.learning_rate,
+        rows_per_micro_step=rows,
+    )
+    shapes = [stage_shape(stages, i, **run) for i in range(len(stages))]
+    if getattr(args, "deepspeed", None) and len({s.gradient_accumulation_steps for s in shapes}) > 1:
+        raise ValueError("Stages that change the gradient accumulation steps are not supported under DeepSpeed.")
+    return shapes
+
+
+def set_base_learning_rate(optimizer, scheduler, learning_rate: float) -> None:
+    """A stage's base learning rate under a resumed schedule: each group's lr = `learning_rate` × the schedule's
+    factor at its current step (transformers' schedules are `LambdaLR`s)."""
+    groups = optimizer.param_groups
+    if all(group.get("initial_lr") == learning_rate for group in groups):
+        return
+    if not hasattr(scheduler, "lr_lambdas"):
+        raise ValueError(f"A stage learning_rate needs a LambdaLR schedule (transformers' own); got {type(scheduler)}.")
+    scheduler.base_lrs = [learning_rate] * len(groups)
+    for group, factor in zip(groups, scheduler.lr_lambdas):
+        group["initial_lr"] = learning_rate
+        group["lr"] = learning_rate * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in groups]

@@ -49,7 +49,7 @@ from .entropy import AdaptiveEntropyController
 from .loss import ppo_clip_per_token_loss, sampled_token_entropy
 from .prompts import PromptPool, PromptSampler, PromptStats, StatsLog, batch_outcomes, prompt_ids
 from .rejection import WEIGHT_KEY, cap_kept_groups, compact_batch, concat_batches, group_outcomes, mask_batch
-from .stages import StageShape, stage_index, stage_shape
+from .stages import StageShape, set_base_learning_rate, stage_index, stage_shapes
 
 logger = logging.get_logger(__name__)
 
@@ -159,7 +159,7 @@ class OR1Trainer(GRPOTrainer):
                 "indexes it)."
             )
         if self._stages:
-            self._stage_shapes = self._resolve_stage_shapes(args)
+            self._stage_shapes = stage_shapes(self._stages, args, args.world_size)
             self._apply_stage_to_args(args, self._stage_shapes[0])
             if len(self.prompt_pool) < self._stage_shapes[0].batch_size:
                 raise ValueError(
@@ -513,7 +513,9 @@ class OR1Trainer(GRPOTrainer):
         the global step, optimizer, scheduler, RNG, entropy controller, prompt pool and statistics carry over. At
         each stage start the online filter shrinks the pool (paper §3.1).
         """
-        folder = self._resolve_checkpoint(resume_from_checkpoint)
+        folder = checkpoint.resolve_resume(self.args.output_dir, resume_from_checkpoint, self._checkpoint_files())
+        if folder is not None and folder != (checkpoint.checkpoints(self.args.output_dir) or [None])[-1]:
+            logger.warning(f"Resuming from {folder}; newer checkpoints in {self.args.output_dir} are incomplete or later.")
         if self.prompt_stats is not None and folder is None and self.accelerator.is_main_process:
             self._stats_log.truncate(0)  # a fresh run starts a fresh log
         while True:
@@ -537,32 +539,6 @@ class OR1Trainer(GRPOTrainer):
             self.accelerator.wait_for_everyone()
             folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
 
-    def _resolve_checkpoint(self, resume_from_checkpoint: str | bool | None) -> str | None:
-        required = self._checkpoint_files()
-        if isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() in ("true", "latest"):
-            resume_from_checkpoint = True  # the command line's `--resume_from_checkpoint true`
-        if resume_from_checkpoint is True:
-            found = checkpoint.last_complete_checkpoint(self.args.output_dir, required)
-            if found is None:
-                incomplete = checkpoint.checkpoints(self.args.output_dir)
-                raise ValueError(
-                    f"No complete checkpoint to resume from in {self.args.output_dir}"
-                    + (f" (incomplete: {[os.path.basename(c) for c in incomplete]})." if incomplete else ".")
-                )
-            if found != (checkpoint.checkpoints(self.args.output_dir) or [None])[-1]:
-                logger.warning(f"Resuming from {found}, the newest complete checkpoint (newer ones are incomplete).")
-            return found
-        if resume_from_checkpoint:
-            missing = checkpoint.missing_files(resume_from_checkpoint, required)
-            if missing:
-                raise ValueError(
-                    f"Checkpoint {resume_from_checkpoint} is incomplete: {missing[0]} is missing (the run was probably "
-                    "stopped while saving it), so resuming from it would silently reset state. Resume from an earlier "
-                    "checkpoint, or pass resume_from_checkpoint=True to take the newest complete one."
-                )
-            return resume_from_checkpoint
-        return None
-
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         batches = super().get_batch_samples(epoch_iterator, num_batches, device)
         if self._rng_to_restore is not None:
@@ -582,24 +558,6 @@ class OR1Trainer(GRPOTrainer):
     # ---------------------------------------------------------------------------------------------------------
     # Stages (§3.2.2, `stages.py`) and the prompt pool (§3.1, `prompts.py`)
     # ---------------------------------------------------------------------------------------------------------
-    def _resolve_stage_shapes(self, args) -> list[StageShape]:
-        """Every stage in TRL's terms for this world size; shapes that do not divide fail here, before compute."""
-        rows = args.per_device_train_batch_size * args.world_size  # rows per micro-step, all ranks
-        G = args.num_generations
-        run = dict(
-            max_completion_length=args.max_completion_length,
-            num_generations=G,
-            batch_size=args.generation_batch_size // G,
-            mini_batch_size=rows * args.gradient_accumulation_steps // G,
-            temperature=args.temperature,
-            learning_rate=args.learning_rate,
-            rows_per_micro_step=rows,
-        )
-        shapes = [stage_shape(self._stages, i, **run) for i in range(len(self._stages))]
-        if args.deepspeed and len({s.gradient_accumulation_steps for s in shapes}) > 1:
-            raise ValueError("Stages that change the gradient accumulation steps are not supported under DeepSpeed.")
-        return shapes
-
     @staticmethod
     def _apply_stage_to_args(args, shape: StageShape) -> None:
         args.max_completion_length = shape.max_completion_length
@@ -686,17 +644,4 @@ class OR1Trainer(GRPOTrainer):
     def _load_optimizer_and_scheduler(self, checkpoint_folder):
         super()._load_optimizer_and_scheduler(checkpoint_folder)  # TRL restores the controller
         if self._stage is not None and checkpoint_folder is not None:
-            self._set_learning_rate(self._stage.learning_rate)
-
-    def _set_learning_rate(self, learning_rate: float) -> None:
-        """The stage's base learning rate, under the (resumed) schedule: base_lr × the schedule's factor now."""
-        scheduler, groups = self.lr_scheduler, self.optimizer.param_groups
-        if all(group.get("initial_lr") == learning_rate for group in groups):
-            return
-        if not hasattr(scheduler, "lr_lambdas"):
-            raise ValueError(f"A stage learning_rate needs a LambdaLR schedule (transformers' own); got {type(scheduler)}.")
-        scheduler.base_lrs = [learning_rate] * len(groups)
-        for group, factor in zip(groups, scheduler.lr_lambdas):
-            group["initial_lr"] = learning_rate
-            group["lr"] = learning_rate * factor(scheduler.last_epoch)
-        scheduler._last_lr = [group["lr"] for group in groups]
+            set_base_learning_rate(self.optimizer, self.lr_scheduler, self._stage.learning_rate)

@@ -9,7 +9,7 @@ from datasets import Dataset
 
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.prompts import Outcome, PromptPool, PromptSampler, PromptStats, StatsLog, batch_outcomes, content_id, prompt_ids
-from or1_trl.stages import parse_stages, stage_index, stage_shape, validate_stages
+from or1_trl.stages import parse_stages, stage_index, stage_shape, stage_shapes, validate_stages
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
 from .test_trainer import G, ScriptedReward, logged, tagged_dataset
@@ -309,11 +309,7 @@ def test_paper_recipes_have_the_tables_stages(recipe, processes, table):
     stages = args.stage_list
     assert [(s.until_step, s.max_completion_length, s.batch_size, s.mini_batch_size, s.num_generations) for s in stages] == table
     assert args.max_steps == table[-1][0]
-    run = dict(max_completion_length=args.max_completion_length, num_generations=args.num_generations, batch_size=1,
-               mini_batch_size=1, temperature=args.temperature, learning_rate=args.learning_rate,
-               rows_per_micro_step=args.per_device_train_batch_size * processes)
-    shapes = [stage_shape(stages, i, **run) for i in range(len(stages))]
-    first = shapes[0]  # the config's own shape is stage 0's
+    first = stage_shapes(stages, args, processes)[0]  # every stage divides on this world size; the config's shape is stage 0's
     assert (args.gradient_accumulation_steps, args.steps_per_generation) == (first.gradient_accumulation_steps, first.steps_per_generation)
     assert (args.learning_rate, args.lr_scheduler_type.value, args.epsilon, args.beta, args.temperature) == (1e-6, "constant", 0.2, 0.0, 1.0)
     assert (args.entropy_preset, args.entropy_target, args.entropy_coef_delta, args.entropy_coef_max) == ("paper", 0.2, 0.005, 1.0)
