@@ -505,7 +505,8 @@ class OR1Trainer(GRPOTrainer):
         """`Trainer.train`, resuming only from complete checkpoints, and running every stage of `OR1Config.stages`.
 
         `resume_from_checkpoint=True` (or `"true"`) takes the newest *complete* checkpoint of `output_dir`
-        (`checkpoint.py`); an explicit folder that is incomplete (the run was killed while saving it) is an error naming what it lacks.
+        (`checkpoint.py`); an explicit folder that is incomplete (the run was killed while saving it) is an error
+        naming what it lacks.
 
         Stages: each stage is one pass of transformers' training loop, from the previous stage's last step to its own
         `until_step`, with the stage's generation length, group size, batch shape, temperature and learning rate. A
@@ -627,9 +628,7 @@ class OR1Trainer(GRPOTrainer):
     def _get_train_sampler(self, dataset=None):
         if not self._stages:
             return super()._get_train_sampler(dataset)
-        shape = self._stage
-        if self._sampler_position["stage"] != shape.index:
-            self._sampler_position = {"stage": shape.index, "consumed": 0, "refill": 0}
+        shape = self._stage  # `_enter_stage` set the sampler's position for it (restored, or 0 at a stage start)
         self._sampler = PromptSampler(
             self.prompt_pool.active,
             batch_size=shape.batch_size,
