@@ -156,3 +156,31 @@ def test_quick_memory_benchmark_writes_its_tables(tmp_path):
     step = {row[0]: row[1:] for row in rows("| backend | longest N that fits |")}
     assert list(step) == ["naive", "trl", "liger"] and step["liger"][0] == "2,048"
     assert "Longest trainable N: naive " in block
+
+
+def test_memory_sweep_predicts_only_naive_past_the_cap():
+    """The linear predictor skips a length only for naive (its logits grow with N); trl and liger, whose tiles level
+    off, run at every length: here their first two peaks (1 and 4 GB at 1K and 4K) extrapolate past the cap at 16K."""
+    path = os.path.join(ROOT, "benchmarks", "memory.py")
+    memory_spec = importlib.util.spec_from_file_location("memory_bench", path)
+    memory = importlib.util.module_from_spec(memory_spec)
+    sys.modules[memory_spec.name] = memory
+    memory_spec.loader.exec_module(memory)
+    shapes = memory.replace(memory.FULL, max_gb=10.0)
+    peaks = {1024: 1.0, 4096: 4.0, 16384: 4.5}
+    ran = []
+
+    def run(kind, params):
+        ran.append((params["backend"], params["tokens"]))
+        return {"status": "ok", "peak_gb": peaks[params["tokens"]], "seconds": 1.0}
+
+    class Bar:
+        def set_description(self, text): pass
+        def write(self, text, file=None): pass
+        def update(self): pass
+
+    naive = memory.sweep("naive", (1024, 4096, 16384), 896, shapes, run, Bar())
+    assert naive[16384] == {"status": "predicted", "peak_gb": pytest.approx(4.0 + 3.0 * 4)}
+    for backend in ("trl", "liger"):
+        assert memory.sweep(backend, (1024, 4096, 16384), 896, shapes, run, Bar())[16384]["peak_gb"] == 4.5
+    assert ran == [("naive", 1024), ("naive", 4096)] + [(b, n) for b in ("trl", "liger") for n in (1024, 4096, 16384)]
