@@ -7,16 +7,24 @@ import subprocess
 import sys
 
 import pytest
+from tqdm.auto import tqdm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "update_readme.py")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline",
        "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
 
-spec = importlib.util.spec_from_file_location("update_readme", SCRIPT)
-update_readme = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = update_readme  # (dataclasses look their module up)
-spec.loader.exec_module(update_readme)
+
+def load_script(name: str, path: str):
+    """A benchmark script as a module (registered in sys.modules: dataclasses look their module up)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+update_readme = load_script("update_readme", SCRIPT)
 
 TEXT = """# Title
 
@@ -161,11 +169,7 @@ def test_quick_memory_benchmark_writes_its_tables(tmp_path):
 def test_memory_sweep_predicts_only_naive_past_the_cap():
     """The linear predictor skips a length only for naive (its logits grow with N); trl and liger, whose tiles level
     off, run at every length: here their first two peaks (1 and 4 GB at 1K and 4K) extrapolate past the cap at 16K."""
-    path = os.path.join(ROOT, "benchmarks", "memory.py")
-    memory_spec = importlib.util.spec_from_file_location("memory_bench", path)
-    memory = importlib.util.module_from_spec(memory_spec)
-    sys.modules[memory_spec.name] = memory
-    memory_spec.loader.exec_module(memory)
+    memory = load_script("memory_bench", os.path.join(ROOT, "benchmarks", "memory.py"))
     shapes = memory.replace(memory.FULL, max_gb=10.0)
     peaks = {1024: 1.0, 4096: 4.0, 16384: 4.5}
     ran = []
@@ -174,13 +178,10 @@ def test_memory_sweep_predicts_only_naive_past_the_cap():
         ran.append((params["backend"], params["tokens"]))
         return {"status": "ok", "peak_gb": peaks[params["tokens"]], "seconds": 1.0}
 
-    class Bar:
-        def set_description(self, text): pass
-        def write(self, text, file=None): pass
-        def update(self): pass
+    bar = tqdm(disable=True)
 
-    naive = memory.sweep("naive", (1024, 4096, 16384), 896, shapes, run, Bar())
+    naive = memory.sweep("naive", (1024, 4096, 16384), 896, shapes, run, bar)
     assert naive[16384] == {"status": "predicted", "peak_gb": pytest.approx(4.0 + 3.0 * 4)}
     for backend in ("trl", "liger"):
-        assert memory.sweep(backend, (1024, 4096, 16384), 896, shapes, run, Bar())[16384]["peak_gb"] == 4.5
+        assert memory.sweep(backend, (1024, 4096, 16384), 896, shapes, run, bar)[16384]["peak_gb"] == 4.5
     assert ran == [("naive", 1024), ("naive", 4096)] + [(b, n) for b in ("trl", "liger") for n in (1024, 4096, 16384)]
