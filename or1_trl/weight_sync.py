@@ -149,12 +149,12 @@ class OR1VLLMClient(VLLMClient):
     excepted: TRL polls it with a bare `requests.get`, and the server leaves it open), and explains a 401.
 
     Args:
-        api_key: the server's key; `None`: none is sent.
+        api_key: the server's key; default: `resolve_api_key()` (the environment), else none is sent.
         *args, **kwargs: `VLLMClient`'s.
     """
 
     def __init__(self, *args, api_key: str | None = None, **kwargs):
-        self.api_key = api_key
+        self.api_key = resolve_api_key(api_key)
         super().__init__(*args, **kwargs)  # its first request (`/v1/models`) already goes through the session
 
     @property
@@ -195,7 +195,7 @@ class OR1VLLMGeneration(VLLMGeneration):
     Args:
         weight_sync: `"nccl"` or `"disk"`.
         sync_dir: directory for `"disk"`.
-        api_key: the server's key (`None`: none is sent).
+        api_key: the server's key (`None`: the environment's, if any; `generation_backend` resolves it).
         *args, **kwargs: `VLLMGeneration`'s.
     """
 
