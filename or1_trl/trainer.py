@@ -195,7 +195,7 @@ class OR1Trainer(GRPOTrainer):
                     f"{self._stage_shapes[0].batch_size} prompts per rollout step."
                 )
         # vLLM server mode: TRL's NCCL weight transfer, or safetensors through a shared directory (weight_sync.py).
-        backend = generation_backend(args.vllm_weight_sync, args.vllm_sync_dir) if is_or1 else nullcontext()
+        backend = generation_backend(args) if is_or1 else nullcontext()
         with backend:
             super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *rest, **kwargs)
         if is_or1:

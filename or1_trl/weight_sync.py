@@ -15,7 +15,9 @@ sides can read:
 
 `OR1VLLMGeneration` is TRL's `VLLMGeneration` with this backend; `OR1Trainer` builds it instead of TRL's class
 (`generation_backend`). Everything else — generation requests, their batching across ranks, the NCCL path — is
-TRL's, unchanged.
+TRL's, unchanged, except that with both backends the trainer talks to the server through `OR1VLLMClient`, TRL's
+client whose session sends the server's API key (`OR1Config.vllm_server_api_key`, else `$OR1_VLLM_API_KEY`, else
+`$VLLM_API_KEY`; see `or1_trl/serve.py`) with every request.
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ import shutil
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from functools import partial
 
 import torch
+from trl.generation import vllm_generation
 from trl.generation.vllm_client import VLLMClient
 from trl.generation.vllm_generation import VLLMGeneration
+
+from .serve import authorize, resolve_api_key
 
 #: Version of `or1_vllm_worker.OR1WorkerExtension` this trainer speaks to.
 WORKER_EXTENSION_VERSION = 1
@@ -72,19 +78,21 @@ class DiskWeightSync:
     Args:
         base_url: the server, e.g. `http://127.0.0.1:8000`.
         sync_dir: a directory the server can read (shared storage when trainer and server are on different nodes).
-        session: a `requests.Session` (TRL's `VLLMClient.session`); default: a new one.
+        session: a `requests.Session` (TRL's `VLLMClient.session`, which sends the key); default: a new one sending
+            `api_key`.
+        api_key: the server's key, for the default session; default: `resolve_api_key()` (the environment).
 
     Attributes:
         last_seconds (`float`): wall time of the last `push` (write + reload + cache reset).
         last_bytes (`int`): bytes written by the last `push`.
     """
 
-    def __init__(self, base_url: str, sync_dir: str, session=None):
+    def __init__(self, base_url: str, sync_dir: str, session=None, api_key: str | None = None):
         import requests
 
         self.base_url = base_url.rstrip("/")
         self.sync_dir = os.path.abspath(sync_dir)
-        self.session = session or requests.Session()
+        self.session = session or authorize(requests.Session(), resolve_api_key(api_key))
         self.version = 0
         self.last_seconds = 0.0
         self.last_bytes = 0
@@ -136,8 +144,30 @@ class DiskWeightSync:
         self.last_seconds = time.perf_counter() - start
 
 
-def http_vllm_client(**kwargs) -> VLLMClient:
-    """TRL's `VLLMClient` on a trainer without vLLM installed.
+class OR1VLLMClient(VLLMClient):
+    """TRL's `VLLMClient` whose HTTP session sends `Authorization: Bearer <api_key>` with every request (`/health`
+    excepted: TRL polls it with a bare `requests.get`, and the server leaves it open), and explains a 401.
+
+    Args:
+        api_key: the server's key; default: `resolve_api_key()` (the environment), else none is sent.
+        *args, **kwargs: `VLLMClient`'s.
+    """
+
+    def __init__(self, *args, api_key: str | None = None, **kwargs):
+        self.api_key = resolve_api_key(api_key)
+        super().__init__(*args, **kwargs)  # its first request (`/v1/models`) already goes through the session
+
+    @property
+    def session(self):
+        return self._session
+
+    @session.setter
+    def session(self, session):  # `VLLMClient.__init__` creates the session: it gets the key as it is set
+        self._session = authorize(session, self.api_key)
+
+
+def http_vllm_client(**kwargs) -> OR1VLLMClient:
+    """`OR1VLLMClient` on a trainer without vLLM installed.
 
     Its constructor refuses to run unless vLLM is importable, though only its NCCL methods (`init_communicator`,
     `update_named_params`) use vLLM; generation, `/server_info` and the prefix-cache reset are plain HTTP. With the
@@ -148,7 +178,7 @@ def http_vllm_client(**kwargs) -> VLLMClient:
     original = vllm_client.is_vllm_available
     vllm_client.is_vllm_available = lambda *args, **kw: True
     try:
-        return VLLMClient(**kwargs)
+        return OR1VLLMClient(**kwargs)
     finally:
         vllm_client.is_vllm_available = original
 
@@ -159,17 +189,22 @@ def _consume(iterator: Iterator) -> None:
 
 
 class OR1VLLMGeneration(VLLMGeneration):
-    """TRL's `VLLMGeneration` with a choice of weight sync in server mode (`weight_sync="nccl"` is TRL's, as is).
+    """TRL's `VLLMGeneration` with a choice of weight sync in server mode (`weight_sync="nccl"` is TRL's, as is) and
+    the server's API key sent with every request of either.
 
     Args:
         weight_sync: `"nccl"` or `"disk"`.
         sync_dir: directory for `"disk"`.
+        api_key: the server's key (`None`: the environment's, if any; `generation_backend` resolves it).
         *args, **kwargs: `VLLMGeneration`'s.
     """
 
-    def __init__(self, *args, weight_sync: str = "nccl", sync_dir: str | None = None, **kwargs):
+    def __init__(
+        self, *args, weight_sync: str = "nccl", sync_dir: str | None = None, api_key: str | None = None, **kwargs
+    ):
         self.weight_sync = weight_sync
         self.sync_dir = sync_dir
+        self.api_key = api_key
         self.disk_sync: DiskWeightSync | None = None
         super().__init__(*args, **kwargs)
 
@@ -178,13 +213,15 @@ class OR1VLLMGeneration(VLLMGeneration):
         return self.mode == "server" and self.weight_sync == "disk"
 
     def _init_vllm(self):
-        if not self._uses_disk:
-            return super()._init_vllm()
+        if not self._uses_disk:  # TRL's, building our client (with the key) where it builds its own
+            with _swapped(vllm_generation, "VLLMClient", partial(OR1VLLMClient, api_key=self.api_key)):
+                return super()._init_vllm()
         # Server mode without NCCL: the trainer talks HTTP only, so vLLM need not be installed on the trainer side.
         if self.accelerator.is_main_process:
             base_url = self.server_base_url or f"http://{self.server_host}:{self.server_port}"
             self.vllm_client = http_vllm_client(
-                base_url=base_url, group_port=self.group_port, connection_timeout=self.server_timeout
+                base_url=base_url, group_port=self.group_port, connection_timeout=self.server_timeout,
+                api_key=self.api_key,
             )
             self.disk_sync = DiskWeightSync(self.vllm_client.base_url, self.sync_dir, self.vllm_client.session)
             self.disk_sync.check_server()
@@ -202,18 +239,29 @@ class OR1VLLMGeneration(VLLMGeneration):
 
 
 @contextmanager
-def generation_backend(weight_sync: str, sync_dir: str):
-    """While active, `GRPOTrainer.__init__` builds `OR1VLLMGeneration` instead of TRL's `VLLMGeneration`.
-
-    TRL constructs its generation backend by name inside `GRPOTrainer.__init__`, with no factory to override; the
-    name is swapped for the duration of that call only."""
-    from functools import partial
-
-    from trl.trainer import grpo_trainer
-
-    original = grpo_trainer.VLLMGeneration
-    grpo_trainer.VLLMGeneration = partial(OR1VLLMGeneration, weight_sync=weight_sync, sync_dir=sync_dir)
+def _swapped(module, name: str, value):
+    """While active, `module.name` is `value` (TRL builds its objects by module-level name, with no factory)."""
+    original = getattr(module, name)
+    setattr(module, name, value)
     try:
         yield
     finally:
-        grpo_trainer.VLLMGeneration = original
+        setattr(module, name, original)
+
+
+def generation_backend(args):
+    """While active, `GRPOTrainer.__init__` builds `OR1VLLMGeneration` for `args` (an `OR1Config`: its
+    `vllm_weight_sync`, `vllm_sync_dir` and `vllm_server_api_key`, else the key in the environment) instead of TRL's
+    `VLLMGeneration`.
+
+    TRL constructs its generation backend by name inside `GRPOTrainer.__init__`, with no factory to override; the
+    name is swapped for the duration of that call only."""
+    from trl.trainer import grpo_trainer
+
+    backend = partial(
+        OR1VLLMGeneration,
+        weight_sync=args.vllm_weight_sync,
+        sync_dir=args.vllm_sync_dir,
+        api_key=resolve_api_key(args.vllm_server_api_key),
+    )
+    return _swapped(grpo_trainer, "VLLMGeneration", backend)

@@ -66,17 +66,20 @@ def require_or_skip(flag: str, reason: str):
 
 
 class VLLMServer:
-    """A real vLLM server on CPU (its own venv), started through `or1-trl serve --weight-sync disk`.
+    """A real vLLM server on CPU (its own venv), started through `or1-trl serve --weight-sync disk` with an API key
+    (in `$OR1_VLLM_API_KEY`, as users are told to pass it): every route but `/health` needs the key.
 
-    Attributes: `url`, `model_path` (the tied tiny model it serves), `log_path`."""
+    Attributes: `url`, `model_path` (the tied tiny model it serves), `log_path`, `api_key`, `headers` (the
+    `Authorization` header for plain `requests` calls)."""
 
     def __init__(self, python: str, workdir):
+        import secrets
         import signal
         import socket
         import subprocess
         import sys
 
-        from or1_trl.serve import wait_for_health
+        from or1_trl.serve import API_KEY_ENV, wait_for_health
         from or1_trl.testing import VLLM_CPU_ARGS, save_tiny_model, tiny_model_and_tokenizer
 
         # Tied embeddings: the case where vLLM's CPU backend keeps a stale lm_head unless the extension re-packs it.
@@ -87,10 +90,13 @@ class VLLMServer:
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = workdir / "vllm_server.log"
+        self.api_key = secrets.token_urlsafe(32)
+        self.headers = {"Authorization": f"Bearer {self.api_key}"}
         self._log = open(self.log_path, "w")
         command = [sys.executable, "-m", "or1_trl.cli", "serve", self.model_path, "--weight-sync", "disk",
                    "--host", "127.0.0.1", "--port", str(port), "--python", python, *VLLM_CPU_ARGS]
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                        env={**os.environ, API_KEY_ENV: self.api_key})
         self._signal = signal
         try:
             wait_for_health(self.url, self.process, timeout=600)
@@ -116,15 +122,24 @@ class VLLMServer:
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory):
-    """A vLLM CPU server shared by the tests that ask for it (started once, about a minute).
+    """A vLLM CPU server shared by the tests that ask for it (started once, about a minute), with an API key.
 
-    Every training run syncs its own weights first, so tests need not restore it. Skips when the vLLM venv
-    (`scripts/install_vllm_cpu.sh`) is missing, fails instead with ``OR1_REQUIRE_VLLM=1`` (CI)."""
+    While it runs, `$OR1_VLLM_API_KEY` holds its key in this process (and the processes it starts), as a user
+    exports it: clients that take the key from the environment (`ServerBackend`, `or1-trl eval`, the trainer) reach
+    the server unchanged. Every training run syncs its own weights first, so tests need not restore it. Skips when
+    the vLLM venv (`scripts/install_vllm_cpu.sh`) is missing, fails instead with ``OR1_REQUIRE_VLLM=1`` (CI)."""
+    from or1_trl.serve import API_KEY_ENV
     from or1_trl.testing import vllm_python
 
     python = vllm_python()
     if python is None:
         require_or_skip("OR1_REQUIRE_VLLM", "no vLLM CPU venv (run scripts/install_vllm_cpu.sh)")
     server = VLLMServer(python, tmp_path_factory.mktemp("vllm"))
+    previous = os.environ.get(API_KEY_ENV)
+    os.environ[API_KEY_ENV] = server.api_key
     yield server
     server.stop()
+    if previous is None:
+        os.environ.pop(API_KEY_ENV, None)
+    else:
+        os.environ[API_KEY_ENV] = previous

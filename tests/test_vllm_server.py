@@ -1,7 +1,10 @@
 """Generation on a real vLLM server (CPU build, its own venv), weights synced through disk.
 
 After each sync the server must score the sampled tokens exactly as the trainer does: TRL logs the largest
-|log π_server − log π_trainer| over the batch's completion tokens as `sampling/sampling_logp_difference/max`."""
+|log π_server − log π_trainer| over the batch's completion tokens as `sampling/sampling_logp_difference/max`.
+
+The server has an API key (conftest's `vllm_server`): every route but `/health` answers 401 without it, and every
+client here sends it (the trainer from `OR1Config.vllm_server_api_key` or `$OR1_VLLM_API_KEY`)."""
 
 import json
 import os
@@ -13,7 +16,7 @@ import requests
 import torch
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.serve import build_command
+from or1_trl.serve import API_KEY_ENV, AUTH_MIDDLEWARE, ServerKeyError, build_command
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 from or1_trl.weight_sync import DiskWeightSync
 
@@ -55,6 +58,7 @@ def server_logprobs(server, token_ids):
     response = requests.post(
         f"{server.url}/v1/completions",
         json={"model": server.model_path, "prompt": token_ids, "max_tokens": 1, "prompt_logprobs": 0},
+        headers=server.headers,
     )
     response.raise_for_status()
     scored = response.json()["choices"][0]["prompt_logprobs"]
@@ -73,7 +77,7 @@ def test_tied_lm_head_is_repacked_after_a_reload(vllm_server, tmp_path):
     the new weights do."""
     model, tokenizer = tiny_model_and_tokenizer(seed=1, tie_word_embeddings=True)  # not the served weights (seed 0)
     tokens = tokenizer("12 + 30 = 42")["input_ids"]
-    sync = DiskWeightSync(vllm_server.url, str(tmp_path))
+    sync = DiskWeightSync(vllm_server.url, str(tmp_path), api_key=vllm_server.api_key)
     sync.check_server()
 
     # vLLM's own reload: the embedding changes, the packed lm_head keeps the weights of the previous push
@@ -81,7 +85,7 @@ def test_tied_lm_head_is_repacked_after_a_reload(vllm_server, tmp_path):
     stale_dir = os.path.join(str(tmp_path), "bare")
     model.save_pretrained(stale_dir)
     sync._rpc("reload_weights", weights_path=stale_dir)
-    requests.post(f"{vllm_server.url}/reset_prefix_cache").raise_for_status()
+    requests.post(f"{vllm_server.url}/reset_prefix_cache", headers=vllm_server.headers).raise_for_status()
     stale = (server_logprobs(vllm_server, tokens) - model_logprobs(model, tokens)).abs().max().item()
 
     sync.push(model.named_parameters())  # ours
@@ -94,7 +98,7 @@ def test_tied_lm_head_is_repacked_after_a_reload(vllm_server, tmp_path):
 def server_args(server, output_dir, **overrides):
     settings = dict(
         use_vllm=True, vllm_mode="server", vllm_server_base_url=server.url, vllm_weight_sync="disk",
-        learning_rate=1e-2, max_steps=3,
+        vllm_server_api_key=server.api_key, learning_rate=1e-2, max_steps=3,
         generation_kwargs={"ignore_eos": True},  # every completion runs to the length limit
     )
     settings.update(overrides)
@@ -168,7 +172,8 @@ def test_peft_syncs_merged_weights(vllm_server, tmp_path):
 
 
 def test_two_trainer_processes_one_server(vllm_server, tmp_path):
-    """2 trainer processes (gloo) share one server: rank 0 writes the weights, both wait, both train the same."""
+    """2 trainer processes (gloo) share one server: rank 0 writes the weights, both wait, both train the same. They
+    get the server's key from `$OR1_VLLM_API_KEY` only (no config field)."""
     command = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", os.path.join(ROOT, "configs/accelerate/cpu_2proc.yaml"),
@@ -176,6 +181,7 @@ def test_two_trainer_processes_one_server(vllm_server, tmp_path):
         os.path.join(ROOT, "tests/distributed/vllm_server_2proc.py"), str(tmp_path), vllm_server.url,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}
+    assert env[API_KEY_ENV] == vllm_server.api_key
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"vllm_rank{r}.json").read_text()) for r in (0, 1)]
@@ -193,3 +199,147 @@ def test_a_server_with_another_extension_version_is_refused(vllm_server, tmp_pat
     monkeypatch.setattr(weight_sync, "WORKER_EXTENSION_VERSION", 2)
     with pytest.raises(RuntimeError, match=r"version \[1\], this trainer needs 2.*or1-trl serve MODEL --weight-sync disk"):
         DiskWeightSync(vllm_server.url, str(tmp_path)).check_server()
+
+
+# --- API key ----------------------------------------------------------------------------------------------------
+
+
+def test_serve_puts_the_key_in_the_servers_environment_never_on_its_command_line(monkeypatch):
+    for name in (API_KEY_ENV, "VLLM_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    argv, env = build_command("m", "disk")  # loopback, no key: open to this machine only
+    assert "--middleware" not in argv and API_KEY_ENV not in env
+    with pytest.raises(ValueError, match=f"refusing to listen on 0.0.0.0 without an API key.*{API_KEY_ENV}="):
+        build_command("m", "disk", host="0.0.0.0")
+    with pytest.raises(ValueError, match="without an API key"):
+        build_command("m", "nccl", host="node-7")  # a host name may resolve to any interface
+    for host in ("localhost", "127.0.0.2", "::1"):
+        build_command("m", "disk", host=host)
+
+    for weight_sync in ("disk", "nccl"):
+        argv, env = build_command("m", weight_sync, host="0.0.0.0", api_key="k3y-from-the-flag")
+        assert argv[argv.index("--middleware") + 1] == AUTH_MIDDLEWARE and "k3y-from-the-flag" not in " ".join(argv)
+        assert env[API_KEY_ENV] == "k3y-from-the-flag" and "VLLM_SERVER_DEV_MODE" in env
+        middleware_dir = env["PYTHONPATH"].split(os.pathsep)[0]  # importable by the server with either backend
+        assert os.path.exists(os.path.join(middleware_dir, AUTH_MIDDLEWARE.split(".")[0] + ".py"))
+
+    # Precedence: the flag, then $OR1_VLLM_API_KEY, then vLLM's $VLLM_API_KEY (removed from the server's environment,
+    # so that vLLM's own /v1-only check never runs with another key than ours).
+    monkeypatch.setenv("VLLM_API_KEY", "vllm-key")
+    assert build_command("m", "disk")[1][API_KEY_ENV] == "vllm-key"
+    monkeypatch.setenv(API_KEY_ENV, "or1-key")
+    _, env = build_command("m", "disk")
+    assert env[API_KEY_ENV] == "or1-key" and "VLLM_API_KEY" not in env
+    assert build_command("m", "disk", api_key="flag-key")[1][API_KEY_ENV] == "flag-key"
+
+
+def test_serve_refuses_an_open_address_without_a_key_before_starting_vllm(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, "VLLM_API_KEY")}
+    serve = [sys.executable, "-m", "or1_trl.cli", "serve", str(tmp_path), "--python", "/bin/false", "--port", "9"]
+    result = subprocess.run([*serve, "--host", "0.0.0.0"], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 2 and "or1-trl serve: error: refusing to listen on 0.0.0.0" in result.stderr
+    assert f"export {API_KEY_ENV}=" in result.stderr.splitlines()[-1]  # how to set one, on the error's line
+    assert "or1-trl serve:" not in result.stdout  # nothing was started
+    # With a key it goes on to start the server (here /bin/false, which exits at once), the key out of its command
+    result = subprocess.run([*serve, "--host", "0.0.0.0"], capture_output=True, text=True, timeout=120,
+                            env={**env, API_KEY_ENV: "k3y-in-the-env"})
+    assert result.returncode == 1 and "exited with code 1" in result.stderr
+    assert "--middleware or1_vllm_auth.APIKeyMiddleware" in result.stdout and "k3y" not in result.stdout + result.stderr
+
+
+#: Routes of the dev-mode server, one of each kind: OpenAI API, worker RPC, cache, server state, memory, weights.
+GUARDED = [
+    ("GET", "/v1/models", None),
+    ("POST", "/v1/completions", {"model": "m", "prompt": "1", "max_tokens": 1}),
+    ("POST", "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "1"}]}),
+    ("POST", "/collective_rpc", {"method": "or1_extension_version"}),
+    ("POST", "/reset_prefix_cache", None),
+    ("GET", "/server_info", None),
+    ("POST", "/sleep", None),
+    ("POST", "/start_weight_update", {}),
+    ("POST", "/tokenize", {"prompt": "1"}),
+    ("GET", "/metrics", None),
+]
+
+
+def test_every_route_but_health_needs_the_key(vllm_server):
+    url = vllm_server.url
+    assert requests.get(f"{url}/health").status_code == 200  # readiness checks need no key
+    for method, path, body in GUARDED:
+        for headers in ({}, {"Authorization": "Bearer not-the-key"}, {"Authorization": f"Basic {vllm_server.api_key}"},
+                        {"Authorization": f"Bearer {vllm_server.api_key}x"}):
+            response = requests.request(method, f"{url}{path}", json=body, headers=headers, timeout=60)
+            assert response.status_code == 401, (method, path, headers, response.status_code, response.text[:200])
+            assert response.headers["www-authenticate"] == "Bearer"
+    keyed = {"headers": vllm_server.headers, "timeout": 60}
+    assert requests.get(f"{url}/v1/models", **keyed).json()["data"][0]["id"] == vllm_server.model_path
+    completion = requests.post(f"{url}/v1/completions", **keyed,
+                               json={"model": vllm_server.model_path, "prompt": "1", "max_tokens": 2})
+    assert completion.status_code == 200 and completion.json()["usage"]["completion_tokens"] == 2
+    rpc = requests.post(f"{url}/collective_rpc", json={"method": "or1_extension_version"}, **keyed)
+    assert rpc.status_code == 200 and [int(v) for v in rpc.json()["results"]] == [1]
+    assert vllm_server.api_key not in vllm_server.log()  # neither `or1-trl serve` nor vLLM logged it
+
+
+def test_weights_cannot_be_swapped_without_the_key(vllm_server, tmp_path):
+    """The attack the key stops: a reload of other weights through `/collective_rpc`. Refused with 401, it leaves
+    the server scoring with the weights the trainer pushed."""
+    pushed, tokenizer = tiny_model_and_tokenizer(seed=3, tie_word_embeddings=True)
+    tokens = tokenizer("7 + 5 = 12")["input_ids"]
+    DiskWeightSync(vllm_server.url, str(tmp_path / "sync"), api_key=vllm_server.api_key).push(pushed.named_parameters())
+    other = tiny_model_and_tokenizer(seed=4, tie_word_embeddings=True)[0]
+    other.save_pretrained(tmp_path / "other")
+    attack = requests.post(f"{vllm_server.url}/collective_rpc",
+                           json={"method": "or1_reload_weights", "kwargs": {"weights_path": str(tmp_path / "other")}})
+    assert attack.status_code == 401
+    assert requests.post(f"{vllm_server.url}/reset_prefix_cache").status_code == 401
+    diff = (server_logprobs(vllm_server, tokens) - model_logprobs(pushed, tokens)).abs().max().item()
+    assert diff < TOL
+    assert (model_logprobs(other, tokens) - model_logprobs(pushed, tokens)).abs().max().item() > 100 * TOL
+
+
+def test_clients_without_the_key_stop_before_any_work_and_say_where_it_goes(vllm_server, tmp_path, monkeypatch):
+    """Trainer (config field or environment), disk sync and the sampling backend: a 401 is a `ServerKeyError`
+    naming the variable to set, never showing the key; the trainer fails while it is built, before training."""
+    from or1_trl.sampling import SamplingSettings, ServerBackend
+
+    for name in (API_KEY_ENV, "VLLM_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ServerKeyError, match=f"no API key was sent. Set {API_KEY_ENV}"):
+        tied_trainer(vllm_server, tmp_path, vllm_server_api_key=None)
+    with pytest.raises(ServerKeyError, match="the API key sent is not the server's") as error:
+        tied_trainer(vllm_server, tmp_path, vllm_server_api_key="wrong-key-123")
+    assert "wrong-key-123" not in str(error.value)
+    with pytest.raises(ServerKeyError, match="/collective_rpc"):
+        DiskWeightSync(vllm_server.url, str(tmp_path)).check_server()
+    with pytest.raises(ServerKeyError, match="/v1/models"):
+        ServerBackend(vllm_server.url).served_model()
+    # the key from vLLM's own variable is accepted too (ServerBackend: from the environment only)
+    monkeypatch.setenv("VLLM_API_KEY", vllm_server.api_key)
+    backend = ServerBackend(vllm_server.url)
+    [(index, completions)] = next(backend.generate(["1 + 1 ="], SamplingSettings(n=2, max_tokens=3), [0]))
+    assert index == 0 and len(completions) == 2 and backend.requests == 1
+
+
+def test_nccl_mode_sends_the_key_too(vllm_server, tmp_path, monkeypatch):
+    """With `vllm_weight_sync="nccl"` the trainer runs TRL's own client code (`VLLMGeneration._init_vllm`,
+    `init_communicator`) on `OR1VLLMClient`. vLLM is not installed on this trainer, so TRL's import check is lifted;
+    the keyed requests then get as far as TRL's check of the server's weight-transfer engine, which this disk-sync
+    server lacks. Without the key they stop at the first request."""
+    from trl.generation import vllm_client, vllm_generation
+
+    monkeypatch.setattr(vllm_generation, "is_vllm_available", lambda *a, **k: True)
+    monkeypatch.setattr(vllm_client, "is_vllm_available", lambda *a, **k: True)
+    monkeypatch.delenv(API_KEY_ENV)
+    with pytest.raises(RuntimeError, match="has no weight-transfer engine"):
+        tied_trainer(vllm_server, tmp_path, vllm_weight_sync="nccl")
+    with pytest.raises(ServerKeyError, match="/v1/models"):
+        tied_trainer(vllm_server, tmp_path, vllm_weight_sync="nccl", vllm_server_api_key=None)
+
+
+def test_the_config_never_shows_the_key(tmp_path):
+    args = OR1Config(**tiny_training_args(tmp_path, vllm_server_api_key="s3cret-k3y"))
+    assert args.vllm_server_api_key == "s3cret-k3y"
+    for shown in (str(args), repr(args), json.dumps(args.to_dict()), args.to_json_string()):
+        assert "s3cret-k3y" not in shown
+    assert args.to_dict()["vllm_server_api_key"] == "<VLLM_SERVER_API_KEY>"

@@ -1,1 +1,2 @@
-"""vLLM worker extension (`or1_vllm_worker.py`), imported by the vLLM server from this directory, not by or1_trl."""
+"""Modules the vLLM server imports from this directory (on its `PYTHONPATH`), not or1_trl: the worker extension
+(`or1_vllm_worker.py`) and the API-key middleware (`or1_vllm_auth.py`). Both need only vLLM's environment."""
