@@ -354,12 +354,12 @@ class CodeReward:
         result = self._attempt(prep)
         if result["status"] == "sandbox_error":  # the sandbox's failure, not the program's: once more
             warnings.warn(f"{self.__name__}: the sandbox could not run a sample ({_tail(result['reason'])}); "
-                          f"retrying it once", RuntimeWarning, stacklevel=2)
+                          f"retrying it once", RuntimeWarning, stacklevel=1)
             result = self._attempt(prep)
             if result["status"] == "sandbox_error":
                 warnings.warn(f"{self.__name__}: the retry failed too ({_tail(result['reason'])}); the sample is "
                               f"counted in {self.__name__}/sandbox_error_frac, not scored as the program's 0",
-                              RuntimeWarning, stacklevel=2)
+                              RuntimeWarning, stacklevel=1)
         return result
 
     def _attempt(self, prep: _Prepared) -> dict:

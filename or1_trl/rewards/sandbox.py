@@ -93,7 +93,8 @@ import time
 
 if __name__ != "__main__":  # the trainer side (the driver, run as __main__ inside the sandbox, imports nothing of ours)
     from or1_trl.rewards.sandbox_memory import (WATCHDOG, SampleCgroup, cgroup_parent, cgroup_unavailable_reasons,
-                                                concurrent_samples, sample_limits)
+                                                concurrent_samples, machine_memory_mb, sample_limits)
+    from or1_trl.rewards.sandbox_memory import WATCHDOG_INTERVAL_S
     from or1_trl.rewards.sandbox_slots import acquire_uid_slot
 
 __all__ = [
@@ -761,6 +762,17 @@ class Sandbox:
                                          "the rlimit backend of a root trainer; use bwrap or unshare")
             self._cgroup_parent = None
             self.memory_mb, self.max_processes = sample_limits(self._concurrency, False, *self._limits_given)
+
+        if self._cgroup_parent is None and self.max_processes * self.memory_mb * self._concurrency > \
+                machine_memory_mb():
+            import warnings
+
+            warnings.warn(
+                f"or1_trl code sandbox: without a memory cgroup only the watchdog (polling every "
+                f"{WATCHDOG_INTERVAL_S} s) bounds a sample's tree; its hard bound, {self.max_processes} processes x "
+                f"{self.memory_mb} MB x {self._concurrency} concurrent samples, exceeds this machine's "
+                f"{machine_memory_mb()} MB: lower memory_mb, max_processes or num_workers", RuntimeWarning,
+                stacklevel=2)
 
     @property
     def memory_bound(self) -> str:

@@ -166,7 +166,7 @@ def cgroup_parent() -> tuple[int, str] | None:
     """``(version, directory)`` below which this process can make memory-limited cgroups, or None. Cached.
 
     Tried in order: a sub-cgroup ``or1-sandbox`` of this process's own cgroup v2 (its ``memory`` must be delegated),
-    the same at the v2 root, then this process's cgroup in the v1 memory hierarchy. ``OR1_SANDBOX_MEMORY=watchdog``
+    the same at the v2 root, then a sub-cgroup ``or1-sandbox`` of this process's cgroup in the v1 memory hierarchy. ``OR1_SANDBOX_MEMORY=watchdog``
     disables cgroups.
     """
     with _PARENT_LOCK:
@@ -179,9 +179,10 @@ def cgroup_parent() -> tuple[int, str] | None:
                 own = os.path.join(mount, rel.lstrip("/"))
                 if version == 2:  # processes may not sit in a v2 cgroup that hands controllers down: use a child
                     candidates += [(2, os.path.join(own, "or1-sandbox")), (2, os.path.join(mount, "or1-sandbox"))]
-                else:
-                    candidates.append((1, own))
+                else:  # v1 lets processes and child cgroups share a cgroup
+                    candidates.append((1, os.path.join(own, "or1-sandbox")))
             for version, parent in sorted(dict.fromkeys(candidates), key=lambda c: -c[0]):
+                made = not os.path.isdir(parent)
                 try:
                     os.makedirs(parent, exist_ok=True)
                 except OSError as e:
@@ -193,6 +194,11 @@ def cgroup_parent() -> tuple[int, str] | None:
                     _reclaim(parent)
                     break
                 reasons.append(why)
+                if made:  # leave no unusable cgroup behind
+                    try:
+                        os.rmdir(parent)
+                    except OSError:
+                        pass
         _PARENT["value"], _PARENT["reasons"] = value, reasons
         return value
 
