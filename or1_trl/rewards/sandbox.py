@@ -32,8 +32,14 @@ Infinite loop / slow code      per-test wall clock (driver kills the child) + RL
                                per-sample total deadline enforced by the trainer (SIGKILL
                                of the whole sandbox)
 Memory bomb                    RLIMIT_AS per process (``memory_mb``); tmpfs has a size cap  all (tmpfs: bwrap)
+Memory of a process tree       the whole sample in a memory cgroup of ``memory_mb`` (v2 or   cgroup: bwrap,
+(fork N children)              v1); else a watchdog sums the tree's RSS every 50 ms and     unshare (root or
+                               kills it past ``memory_mb`` (``sandbox_memory``)              delegated); else all
 Fork bomb / thread bomb        RLIMIT_NPROC (``max_processes``), counted per user namespace  bwrap, unshare;
                                (unprivileged) or per dedicated sandbox uid (root)           rlimit only as root
+Another trainer process's      root: the uid slot is unique per machine across processes    all (root)
+sandbox (shared uid limits)    (flock in a shared directory, ``sandbox_slots``); unprivileged:
+                               a user namespace per sandbox
 Stdout / stderr flood          driver reads at most ``max_output_bytes`` then kills         all
 Huge files / disk fill         RLIMIT_FSIZE (``max_file_bytes``) + size-capped tmpfs /tmp    all / bwrap, unshare
 Leftover processes             PID namespace: the sandbox's init dies → kernel kills all;   bwrap, unshare
@@ -66,8 +72,10 @@ the rlimits, the empty environment, the session/process group and (root only) th
 isolation, no file-system isolation, and when the trainer is unprivileged the code runs as the trainer's
 uid (it can read ``/proc/<trainer>/environ`` and signal the trainer, and RLIMIT_NPROC is not set because it
 would count the trainer's own threads).
-Aggregate memory is bounded by ``max_processes × memory_mb`` (+ tmpfs size): rlimits are per process and
-cgroups are not used.
+A sample's memory is bounded as a whole (:mod:`or1_trl.rewards.sandbox_memory`): by a memory cgroup where one can
+be made, else by the watchdog, with defaults that keep ``max_processes × memory_mb`` within the sample's share of
+the machine. A failure of the driver itself (its fork refused for lack of resources, say) is reported in a nonce
+record and becomes ``sandbox_error``: the sandbox's failure, never the program's.
 
 Choosing a backend: a backend is used only after it has proven itself (:meth:`Sandbox._probe`): a known-good
 program must pass — reporting the configured interpreter's own prefix and stdlib, so an interpreter that
@@ -845,7 +853,8 @@ class Sandbox:
 
     def _probe_key(self) -> tuple:
         return (self.backend, self.bwrap, tuple(self._python_args()), os.geteuid(), self.uid_base,
-                self._cgroup_parent, self.memory_mb, self.max_processes, self.max_output_bytes, self.max_file_bytes, self.tmpfs_mb)
+                self._cgroup_parent, self.memory_mb, self.max_processes, self.max_output_bytes, self.max_file_bytes,
+                self.tmpfs_mb)
 
     def _probe(self) -> str | None:
         """Run the known-good and the known-bad program through the current backend: None if both behave, else
@@ -1020,7 +1029,12 @@ class Sandbox:
                 # The first process joins the sample's cgroup before it starts anything (the others inherit it).
                 # Not for the rlimit backend of a root trainer: it starts as the sandbox uid, which cannot join a
                 # root-owned cgroup (the watchdog bounds it instead).
-                cgroup = SampleCgroup(*self._cgroup_parent, self.memory_mb << 20)
+                try:
+                    cgroup = SampleCgroup(*self._cgroup_parent, self.memory_mb << 20)
+                except OSError as e:
+                    res.status, res.error = "sandbox_error", f"cannot make the sample's memory cgroup: {e}"
+                    res.elapsed = time.monotonic() - start
+                    return res
                 cmd = ["/bin/sh", "-c", 'echo 0 > "$0" && exec "$@"', cgroup.procs_file, *cmd]
             # NPROC would count the trainer's own tasks when the code keeps the trainer's uid (rlimit backend,
             # unprivileged): only set it where the count is private to the sandbox.
