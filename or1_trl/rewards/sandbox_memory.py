@@ -28,7 +28,8 @@ import signal
 import threading
 import time
 
-__all__ = ["SampleCgroup", "TreeWatchdog", "cgroup_parent", "machine_memory_mb", "sample_limits"]
+__all__ = ["WATCHDOG", "SampleCgroup", "TreeWatchdog", "cgroup_parent", "cgroup_unavailable_reasons",
+           "concurrent_samples", "machine_memory_mb", "sample_limits", "tree_of"]
 
 WATCHDOG_INTERVAL_S = 0.05
 #: Share of the machine's memory that the concurrent samples may use together (the rest is the trainer's).
@@ -166,8 +167,8 @@ def cgroup_parent() -> tuple[int, str] | None:
     """``(version, directory)`` below which this process can make memory-limited cgroups, or None. Cached.
 
     Tried in order: a sub-cgroup ``or1-sandbox`` of this process's own cgroup v2 (its ``memory`` must be delegated),
-    the same at the v2 root, then a sub-cgroup ``or1-sandbox`` of this process's cgroup in the v1 memory hierarchy. ``OR1_SANDBOX_MEMORY=watchdog``
-    disables cgroups.
+    the same at the v2 root, then a sub-cgroup ``or1-sandbox`` of this process's cgroup in the v1 memory hierarchy.
+    ``OR1_SANDBOX_MEMORY=watchdog`` disables cgroups.
     """
     with _PARENT_LOCK:
         if "value" in _PARENT:
@@ -320,7 +321,9 @@ class SampleCgroup:
 
 
 def _process_table() -> dict[int, tuple[int, int]]:
-    """pid -> (ppid, resident bytes), from /proc/<pid>/stat."""
+    """pid -> (ppid, resident bytes), from /proc/<pid>/stat: one read per process. (psutil's ``process_iter(["ppid",
+    "memory_info"])`` reads two files per process and took 14 ms against 4 ms here for 108 processes; the watchdog
+    looks 20 times a second while samples run.)"""
     table = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
