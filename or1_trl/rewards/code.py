@@ -357,8 +357,8 @@ class CodeReward:
                           f"retrying it once", RuntimeWarning, stacklevel=1)
             result = self._attempt(prep)
             if result["status"] == "sandbox_error":
-                warnings.warn(f"{self.__name__}: the retry failed too ({_tail(result['reason'])}); the sample is "
-                              f"counted in {self.__name__}/sandbox_error_frac, not scored as the program's 0",
+                warnings.warn(f"{self.__name__}: the retry failed too ({_tail(result['reason'])}); its 0.0 is "
+                              f"counted in {self.__name__}/sandbox_error_frac as a sandbox failure, not a wrong answer",
                               RuntimeWarning, stacklevel=1)
         return result
 
