@@ -298,6 +298,7 @@ class SampleCgroup:
             except OSError:
                 pass
         deadline = time.monotonic() + timeout
+        pause = 0.0005
         while True:
             for pid in self.pids():
                 try:
@@ -312,7 +313,8 @@ class SampleCgroup:
             except OSError:
                 if time.monotonic() > deadline:
                     return
-                time.sleep(0.01)
+                time.sleep(pause)  # its last processes are still exiting
+                pause = min(2 * pause, 0.01)
 
 
 # ---------------------------------------------------------------------------------------------------------
