@@ -238,7 +238,8 @@ def test_eight_forked_children_stay_within_the_sample_bound(enforcement, reward)
         assert 0 < res.peak_memory_mb <= 256  # the kernel's bound
     else:
         # sampled every 50 ms: the watchdog kills past 256 MB, a tree can overshoot by what it allocates meanwhile
-        assert 256 < res.peak_memory_mb < 3 * 256, res.peak_memory_mb
+        # (measured 290-336 MB here; the 8 children would reach 1600 MB unbounded)
+        assert 256 < res.peak_memory_mb < 4 * 256, res.peak_memory_mb
 
 
 def test_default_limits_follow_the_machine_and_the_concurrent_samples(monkeypatch):
