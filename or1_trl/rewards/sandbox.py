@@ -559,7 +559,7 @@ def _driver_main():
     for i, test in enumerate(job["tests"]):
         try:
             rec = _run_one_test(job, test, nonce, code_obj)
-        except OSError as e:  # the driver's own fork / pipe / memfd failed: the sandbox could not run the test
+        except (OSError, MemoryError) as e:  # the driver's own fork / pipe / memfd failed: it could not run the test
             _emit(nonce, {"sandbox_error": f"test {i}: {type(e).__name__}: {e}"})
             os._exit(0)
         rec["i"] = i
