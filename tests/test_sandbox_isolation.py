@@ -1,0 +1,296 @@
+"""Sandboxes isolated from each other: across processes (uid slots), in memory (a bound per sample, not per process),
+and on the host's file system (a private /tmp), with infrastructure failures never scored as the program's 0.
+
+Real processes, real sandboxes throughout. ``test_suite_as_unprivileged_user`` (test_code_sandbox.py) re-runs this
+file as uid 65534, where each sandbox has a user namespace of its own and no cgroup can be made (the watchdog path).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from or1_trl.rewards import sandbox_memory
+from or1_trl.rewards.code import CodeReward
+from or1_trl.rewards.sandbox import Sandbox, SandboxUnavailable
+from or1_trl.rewards.sandbox_slots import acquire_uid_slot, slot_directory
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IS_ROOT = os.geteuid() == 0
+TIMEOUT = 4.0
+LIMITS = dict(timeout_per_test=TIMEOUT, total_timeout=20.0, max_processes=16, num_workers=2, min_isolation="bwrap")
+
+
+def block(code: str) -> str:
+    return f"```python\n{code}\n```"
+
+
+PLUS = {"inputs": ["1 2\n", "10 20\n"], "outputs": ["3\n", "30\n"]}
+CORRECT = block("a, b = map(int, input().split())\nprint(a + b)")
+
+
+@pytest.fixture(scope="module")
+def reward(sandbox_missing):
+    r = CodeReward(memory_mb=256, **LIMITS)
+    try:
+        _ = r.sandbox
+    except SandboxUnavailable as e:
+        sandbox_missing(str(e))
+    return r
+
+
+# ------------------------------------------------------------------------------------------------------
+# 2. uid slots: unique per machine, released on exit, reclaimed after a crash
+# ------------------------------------------------------------------------------------------------------
+
+_HOLDER = textwrap.dedent("""
+    import os, sys, time
+    from or1_trl.rewards.sandbox_slots import acquire_uid_slot
+    slot = acquire_uid_slot(int(sys.argv[1]))
+    if os.fork() == 0:  # a process left under the slot's uid, as a crashed trainer's sandbox could leave one
+        os.close(slot._fd)  # (sandboxes are exec'd with close_fds: they never hold the lock)
+        os.setgid(slot.uid)
+        os.setuid(slot.uid)
+        time.sleep(60)
+        os._exit(0)
+    print(slot.uid, flush=True)
+    time.sleep(60)
+""")
+
+
+def _uid_processes(uid: int) -> list[int]:
+    found = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/status") as f:
+                if any(line.startswith("Uid:") and int(line.split()[1]) == uid for line in f):
+                    found.append(int(name))
+        except OSError:
+            pass
+    return found
+
+
+def test_uid_slots_are_unique_across_processes_and_reclaimed_after_a_crash(monkeypatch, tmp_path):
+    if not IS_ROOT:
+        pytest.skip("uid slots are a root trainer's: unprivileged, each sandbox has a user namespace of its own")
+    directory = tmp_path / "slots"
+    monkeypatch.setenv("OR1_SANDBOX_SLOT_DIR", str(directory))
+    assert slot_directory() == str(directory)
+    base = 1_500_000_000 + (os.getpid() % 1000) * 100  # a range no other test run uses
+    env = dict(os.environ, PYTHONPATH=REPO)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(base)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        held = int(holder.stdout.readline())
+        assert held == base
+        assert len(_uid_processes(held)) == 1  # the holder's leftover child
+        with acquire_uid_slot(base) as mine, acquire_uid_slot(base) as mine2:  # threads of one process differ too
+            assert (mine.uid, mine2.uid) == (base + 1, base + 2)
+        holder.kill()  # a crash: the lock goes with the holder's descriptor, not its clean release
+        holder.wait()
+        slot = acquire_uid_slot(base)
+        try:
+            assert slot.uid == base  # reclaimed
+            deadline = time.monotonic() + 2
+            while _uid_processes(base) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert _uid_processes(base) == []  # what the crashed holder left under the uid was killed
+        finally:
+            slot.release()
+        with open(os.path.join(directory, f"uid-{base}.lock")) as f:
+            assert f.read() == ""  # a clean release empties the file: the next holder has nothing to reclaim
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # and the lock is free
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    os.chmod(directory, 0o777)
+    with pytest.raises(PermissionError, match="writable by it only"):
+        acquire_uid_slot(base)
+
+
+_PROCESS_HOLDER = textwrap.dedent("""
+    import sys
+    from or1_trl.rewards.code import CodeReward
+    hold = '''```python
+    import os, time
+    n = 0
+    while True:
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        n += 1
+    time.sleep(7)
+    print(n)
+    ```'''
+    r = CodeReward(timeout_per_test=12, total_timeout=30, memory_mb=256, max_processes=16, num_workers=1)
+    job = r.prepare(hold, {"inputs": [""], "outputs": [""]}).job
+    _ = r.sandbox
+    print("holding", flush=True)
+    res = r.sandbox.run(job)
+    print(res.status, res.records[0]["status"], res.records[0]["stdout"].strip(), flush=True)
+""")
+
+
+def test_a_process_holding_program_of_another_process_does_not_fail_correct_programs(reward):
+    """Another trainer process (a rank, an eval worker) runs a program that takes every process its sandbox allows
+    and keeps them; meanwhile this process's correct programs must all score 1 (they used to die with driver_died
+    when both processes picked the same sandbox uid)."""
+    env = dict(os.environ, PYTHONPATH=REPO)
+    other = subprocess.Popen([sys.executable, "-c", _PROCESS_HOLDER], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert other.stdout.readline() == "holding\n", other.stderr.read()
+        time.sleep(1.5)  # its sandbox starts and forks up to its process limit, then holds them for 7 s
+        logged = {}
+        t0 = time.monotonic()
+        out = reward([CORRECT] * 4, [PLUS] * 4, log_extra=logged.__setitem__, log_metric=logged.__setitem__)
+        elapsed = time.monotonic() - t0
+        holder = other.stdout.readline().split()
+        assert other.wait(timeout=30) == 0, other.stderr.read()
+    finally:
+        other.kill()
+        other.wait()
+        other.stdout.close()
+        other.stderr.close()
+    assert elapsed < 5, f"did the correct programs run while the other process held its processes? {elapsed:.1f}s"
+    assert out == [1.0] * 4, logged
+    assert logged == {"code_reward_status": ["pass"] * 4, "code_reward/sandbox_error_frac": 0.0}
+    # it ran to its end, having forked children up to its limit (16 tasks with its driver) and held them meanwhile
+    assert holder[:2] == ["ok", "ok"] and 10 <= int(holder[2]) < 16, holder
+
+
+# ------------------------------------------------------------------------------------------------------
+# Infrastructure errors: retried once, counted, warned about; never the program's 0
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_driver_fork_failure_is_a_sandbox_error_retried_once(reward):
+    # The same sandbox as the reward's, then left one process (the driver itself): the driver cannot fork a test.
+    broken = Sandbox(**reward._sandbox_kwargs)
+    broken.max_processes = 1
+    res = broken.run({"kind": "stdio", "code": "print(1)", "tests": [{"stdin": ""}]})
+    assert res.status == "sandbox_error", res
+    assert "driver failed: test 0: BlockingIOError" in res.error, res.error
+    bad = CodeReward(**LIMITS)
+    bad._sandbox = broken
+    with pytest.warns(RuntimeWarning) as warned:
+        result = bad.evaluate(CORRECT, PLUS)
+    messages = [str(w.message) for w in warned]
+    assert sum("retrying it once" in m for m in messages) == 1, messages
+    assert sum("the retry failed too" in m and "sandbox_error_frac" in m for m in messages) == 1, messages
+    assert result["status"] == "sandbox_error" and result["reward"] == 0.0
+    tolerant = CodeReward(max_sandbox_error_frac=1.0, **LIMITS)
+    tolerant._sandbox = broken
+    logged = {}
+    with pytest.warns(RuntimeWarning):
+        assert tolerant([CORRECT, "no code"], [PLUS, PLUS], log_extra=logged.__setitem__,
+                        log_metric=logged.__setitem__) == [0.0, 0.0]
+    assert logged == {"code_reward_status": ["sandbox_error", "no_code"], "code_reward/sandbox_error_frac": 1.0}
+
+
+# ------------------------------------------------------------------------------------------------------
+# 3. Memory bounded per sample, not per process
+# ------------------------------------------------------------------------------------------------------
+
+FORKED_HOG = block("""import os, time
+for _ in range(8):
+    if os.fork() == 0:
+        a = bytearray(200 << 20)  # 200 MB each, under the per-process limit; 1.6 GB together
+        for j in range(0, len(a), 4096):
+            a[j] = 1
+        time.sleep(30)
+        os._exit(0)
+time.sleep(30)
+print(3)
+print(30)""")
+
+
+@pytest.mark.parametrize("enforcement", ["auto", "watchdog"])
+def test_eight_forked_children_stay_within_the_sample_bound(enforcement, reward):
+    r = reward if enforcement == "auto" else CodeReward(memory_mb=256, memory_enforcement="watchdog", **LIMITS)
+    sb = r.sandbox
+    assert sb.memory_mb == 256
+    expected_bound = sandbox_memory.cgroup_parent() if enforcement == "auto" else None
+    assert sb.memory_bound == (f"cgroup v{expected_bound[0]}" if expected_bound else "watchdog")
+    logged = {}
+    t0 = time.monotonic()
+    out = r([CORRECT, FORKED_HOG, CORRECT], [PLUS] * 3, log_extra=logged.__setitem__)
+    elapsed = time.monotonic() - t0
+    assert out == [1.0, 0.0, 1.0]  # and this process (the trainer) is alive
+    assert logged["code_reward_status"] == ["pass", "memory_limit", "pass"]
+    assert elapsed < TIMEOUT, f"{elapsed:.1f}s: the tree was not ended at its bound but at the timeout"
+    res = sb.run(r.prepare(FORKED_HOG, PLUS).job)
+    assert res.status == "memory_limit", (res, res.records)
+    assert res.memory_exceeded
+    if sb.memory_bound.startswith("cgroup"):
+        assert 0 < res.peak_memory_mb <= 256  # the kernel's bound
+    else:
+        # sampled every 50 ms: the watchdog kills past 256 MB, a tree can overshoot by what it allocates meanwhile
+        # (measured 290-336 MB here; the 8 children would reach 1600 MB unbounded)
+        assert 256 < res.peak_memory_mb < 4 * 256, res.peak_memory_mb
+
+
+def test_default_limits_follow_the_machine_and_the_concurrent_samples(monkeypatch):
+    with open("/proc/meminfo") as f:
+        total_mb = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:")) // 1024
+    machine = sandbox_memory.machine_memory_mb()
+    assert 0 < machine <= total_mb
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for concurrency in (1, 2, 8, 64, 512):
+        share = max(64, int(machine * 0.5) // concurrency)
+        mem, procs = sandbox_memory.sample_limits(concurrency, tree_bounded=True)
+        assert (mem, procs) == (min(1024, share), 32)
+        mem, procs = sandbox_memory.sample_limits(concurrency, tree_bounded=False)
+        assert 8 <= procs <= 32 and mem <= 1024
+        if share >= 8 * 64:  # processes x per-process limit fit the share
+            assert procs * mem <= share, (concurrency, mem, procs, share)
+        else:  # the floors (8 processes of 64 MB): the Sandbox warns that the machine is overcommitted
+            assert (mem, procs) == (64, 8)
+    assert sandbox_memory.sample_limits(4, False, memory_mb=2048, max_processes=64) == (2048, 64)  # given: kept
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert sandbox_memory.concurrent_samples(2) == 16
+    assert Sandbox(concurrency=2, min_isolation="bwrap").memory_mb == \
+        sandbox_memory.sample_limits(16, sandbox_memory.cgroup_parent() is not None)[0]
+
+
+# ------------------------------------------------------------------------------------------------------
+# 4. A private /tmp: what a sample writes there leaves nothing on the host
+# ------------------------------------------------------------------------------------------------------
+
+
+def test_private_tmp_leaves_nothing_on_the_host(reward):
+    name = f"or1-private-{uuid.uuid4().hex}"
+    code = block(f"""import os
+os.makedirs('/tmp/{name}/sub')
+with open('/tmp/{name}/sub/data', 'w') as f:
+    f.write(input())
+with open('/tmp/{name}/sub/data') as f:
+    print(int(f.read()) * 2)""")
+    tests = {"inputs": ["21"], "outputs": ["42"]}
+    assert reward([code, code], [tests, tests]) == [1.0, 1.0]  # it could write and read back its /tmp
+    for root in {"/tmp", tempfile.gettempdir(), "/var/tmp"}:
+        assert not os.path.exists(os.path.join(root, name))
+    # nor any sample cgroup or held uid slot once the samples are done
+    parent = sandbox_memory.cgroup_parent()
+    if parent is not None:
+        assert not [n for n in os.listdir(parent[1]) if n.startswith(f"or1-{os.getpid()}-")]
+    if IS_ROOT:
+        directory = slot_directory()
+        for lock in os.listdir(directory):
+            with open(os.path.join(directory, lock)) as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:  # held by another process running sandboxes (another test run)
+                    assert f.read().strip() != str(os.getpid()), lock
