@@ -539,7 +539,7 @@ def prompt_lengths(prompts: list, tokenize, batch_size: int = 256) -> list[int]:
     prompts (`OR1Trainer` passes TRL's own `_tokenize_prompts`: chat template, generation prompt, tools)."""
     lengths = []
     for start in range(0, len(prompts), batch_size):
-        lengths.extend(len(ids) for ids in tokenize(prompts[start : start + batch_size]))
+        lengths.extend(len(ids) for ids in tokenize(list(prompts[start : start + batch_size])))
     return lengths
 
 
@@ -573,7 +573,7 @@ def check_prompt_lengths(lengths: list[int], context: int | None, completion_len
         raise ValueError(
             f"{len(long)} of {len(lengths)} prompts of {dataset_name} are longer than {limit} tokens ({_row_list(long)}; "
             f"longest {max(lengths)}), the room {context_source} ({context} tokens) leaves after max_completion_length="
-            f"{completion_length}. Drop them (`dataset.filter`), set max_prompt_length={limit} to keep their last "
+            f"{completion_length}. Drop them (`dataset.filter`), set max_prompt_length={limit} (OR1Config) to keep their last "
             f"{limit} tokens, or lower max_completion_length."
         )
     return None
