@@ -1,4 +1,5 @@
-"""What a run shows while it trains: where each step's time goes, training accuracy, and two entropy warnings.
+"""What a run shows while it trains: where each step's time goes, training accuracy, two entropy warnings, and a
+warning when steps keep being skipped.
 
 Pure pieces, testable without a trainer; `OR1Trainer` (`trainer.py`) feeds them from the hooks TRL already calls.
 
@@ -37,6 +38,9 @@ before the length limit (TRL's truncation rule). Paper Fig. 6 plots both against
 **Entropy warnings** (`EntropyWatch`): entropy collapse (the entropy stays below a fraction of the target for K steps
 while the controller is saturated or off — the paper's §4 remedies are named), and a low start (the entropy of the
 first steps is already at or below the target, so the controller holds it up from step 1).
+
+**Skipped steps** (`SkippedStepWatch`): N consecutive optimizer steps without a trainable token (every group rejected,
+or every completion masked) — why, and what to check.
 """
 
 from __future__ import annotations

@@ -11,7 +11,11 @@ What this class adds, hook by hook (one step k = one generation batch, on-policy
    previous stage's last (complete, `checkpoint.py`) checkpoint with the stage's length, group and batch shape;
    at each stage start the **online filter** (§3.1, `prompts.py`) shrinks the prompt pool that
    `_get_train_sampler` draws from.
-1. `_calculate_rewards`  — keeps the rewards of all ranks, and each row's prompt, truncation and length.
+0. `__init__` — **pre-flight** (`data.py`): the columns the rewards need, no empty dataset, gold answers the
+   verifiers can read (before the model loads); then prompts that do not fit the context (TRL's own tokenisation),
+   cut by `_tokenize_prompts` to `max_prompt_length` where set.
+1. `_calculate_rewards`  — keeps the rewards of all ranks, and each row's prompt, truncation and length; a reward
+   function's `inf`/NaN is an error, or scored 0 and counted (`reward_checks.py`).
 2. `_generate_and_score_completions` — **per-prompt statistics** (`prompts.py`, `prompt_stats.jsonl`); **rejection
    sampling** (`rejection.py`): groups whose rewards are all equal leave the batch (T~_k), optionally refilled from
    the pool; the normaliser T_k is recounted over the kept tokens of all ranks; rows are compacted (or masked)
@@ -25,7 +29,7 @@ What this class adds, hook by hook (one step k = one generation batch, on-policy
    inside it instead of TRL's.
 5. `training_step` — a step with no trainable token on any rank (every group rejected, or every completion
    masked) drops its (zero-weight) gradients, so the optimizer does not move (neither Adam's momentum nor weight
-   decay); it is counted.
+   decay); it is counted, and a run of `skipped_steps_warning` such steps is warned about (`observability.py`).
 5. What the run shows (`observability.py`): `_generate`, `_calculate_rewards`, `_prepare_inputs` and `training_step`
    open the phases of the step's **time split** (rollout / reward / update / other; CPU clocks, no device sync);
    training **accuracy** over all and over non-truncated samples; the **entropy-collapse and low-start warnings**;
