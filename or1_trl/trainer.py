@@ -741,6 +741,12 @@ class OR1Trainer(GRPOTrainer):
         """Prompts that do not fit the context (`data.check_prompt_lengths`), measured with TRL's own tokenisation:
         an error, or with `max_prompt_length` one warning counting the prompts `_tokenize_prompts` will cut. With a
         plain `GRPOConfig` (no truncation to offer) over-long prompts are a warning."""
+        limit = getattr(self.args, "max_prompt_length", None)
+        if self._is_vlm:
+            if limit is not None:
+                raise ValueError("max_prompt_length cuts token ids, which would cut image tokens too: it supports "
+                                 "text-only models; unset it.")
+            return  # measuring would process every image of the dataset
         if self.rollout_func is not None or self.environment_factories is not None:
             return  # prompts are tokenised elsewhere (or per environment)
         config = self.accelerator.unwrap_model(self.model).config
@@ -749,9 +755,9 @@ class OR1Trainer(GRPOTrainer):
         if self.use_vllm and self.args.vllm_max_model_length:
             context, source = self.args.vllm_max_model_length, "vllm_max_model_length"
         completion = max([self.args.max_completion_length] + [s.max_completion_length for s in self._stage_shapes])
-        limit = getattr(self.args, "max_prompt_length", None)
         datasets = {"train_dataset": self.train_dataset}
-        datasets.update(self.eval_dataset if isinstance(self.eval_dataset, dict) else {"eval_dataset": self.eval_dataset})
+        evals = self.eval_dataset if isinstance(self.eval_dataset, dict) else {None: self.eval_dataset}
+        datasets.update({"eval_dataset" if k is None else f"eval_dataset[{k!r}]": v for k, v in evals.items()})
         for name, dataset in datasets.items():
             if not isinstance(dataset, Dataset) or "prompt" not in dataset.column_names:
                 continue
