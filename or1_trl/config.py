@@ -18,6 +18,7 @@ REJECTION_MODES = ("compact", "mask", "off")
 ENTROPY_ESTIMATORS = ("full", "sampled")
 TOP_ENTROPY_NORMALIZATIONS = ("all", "selected")
 VLLM_WEIGHT_SYNC = ("nccl", "disk")
+NONFINITE_REWARD_MODES = ("error", "zero")
 # New OR1Config fields, and the value that behaves as TRL's GRPOTrainer does.
 _TRL_BEHAVIOUR = {
     "rejection_sampling": "off",
@@ -121,6 +122,19 @@ class OR1Config(GRPOConfig):
             `"auto"` (`"liger"` on CPU, where `benchmarks/memory.py` measured it lowest; `"trl"` on GPUs, not measured,
             and wherever Liger cannot run). Same loss, gradient and metrics within float tolerance.
 
+        max_prompt_length (`int` or `None`, *optional*, defaults to `None`):
+            TRL 1.16 generates from whole prompts. `None`: a prompt longer than the context leaves after
+            `max_completion_length` (the model's `max_position_embeddings`, or `vllm_max_model_length`) is an error
+            when the trainer is built. An int: prompts longer than it are cut to their last `max_prompt_length`
+            tokens at generation (left truncation, as TRL's SDPO trainer), with one warning counting them.
+        nonfinite_rewards (`str`, *optional*, defaults to `"error"`):
+            A reward function returning `inf`, `-inf` or NaN (`None`, TRL's "not scored", is fine): `"error"` stops
+            the run naming the function and the sample; `"zero"` scores it 0, counts it in `reward/nonfinite` and
+            warns once.
+        skipped_steps_warning (`int`, *optional*, defaults to `5`):
+            Warn once when this many consecutive optimizer steps were skipped (no trainable token: every group
+            rejected, or every completion masked), saying why and what to check; 0 disables it.
+
     `use_liger_kernel=True` (TRL's field: Liger's Triton layer kernels, as Skywork trained with them) is CUDA-only;
     on CPU it is an error.
     """
@@ -219,6 +233,26 @@ class OR1Config(GRPOConfig):
     )
     entropy_collapse_steps: int = field(
         default=10, metadata={"help": "Consecutive steps for the entropy-collapse warning; 0 disables it."}
+    )
+
+    max_prompt_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Cut prompts longer than this to their last max_prompt_length tokens (one warning counts them). "
+            "None: prompts that do not fit the context with max_completion_length are an error at start."
+        },
+    )
+    nonfinite_rewards: str = field(
+        default="error",
+        metadata={
+            "help": "A reward of inf or NaN: 'error' (stop, naming the reward function and the sample) or 'zero' "
+            "(score it 0, count it in reward/nonfinite, warn once).",
+            "choices": list(NONFINITE_REWARD_MODES),
+        },
+    )
+    skipped_steps_warning: int = field(
+        default=5,
+        metadata={"help": "Warn once after this many consecutive skipped steps (every group rejected); 0: never."},
     )
 
     vllm_weight_sync: str | None = field(
@@ -359,6 +393,7 @@ class OR1Config(GRPOConfig):
             ("entropy_estimator", ENTROPY_ESTIMATORS),
             ("top_entropy_normalization", TOP_ENTROPY_NORMALIZATIONS),
             ("logprob_backend", LOGPROB_BACKENDS),
+            ("nonfinite_rewards", NONFINITE_REWARD_MODES),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {list(allowed)}.")
@@ -375,6 +410,10 @@ class OR1Config(GRPOConfig):
             )
         if self.online_filter_unsolved_after is not None and self.online_filter_unsolved_after < 1:
             raise ValueError(f"online_filter_unsolved_after={self.online_filter_unsolved_after} must be >= 1 or None.")
+        if self.max_prompt_length is not None and self.max_prompt_length < 1:
+            raise ValueError(f"max_prompt_length={self.max_prompt_length} must be >= 1 or None (no truncation).")
+        if self.skipped_steps_warning < 0:
+            raise ValueError(f"skipped_steps_warning={self.skipped_steps_warning} must be >= 0 (0: no warning).")
         if self.rejection_refill_rounds < 0:
             raise ValueError(f"rejection_refill_rounds={self.rejection_refill_rounds} must be >= 0.")
         if self.rejection_refill_rounds and self.rejection_sampling == "off":

@@ -28,10 +28,14 @@ its order, after dropping null keys as the released data script does:
 `extra_info.model_difficulty[model]` lies in a range — the released scripts keep 1..15 of 16 and drop rows without
 a count. `or1-trl difficulty` writes counts for any model in the same place.
 
-**Checks** run before a model is loaded: rows without a gold answer, malformed tests, unknown abilities or data
-sources (`training_dataset`, with counts), and reward columns the dataset lacks (`check_reward_columns`, when
-`OR1Trainer` is built). TRL passes every dataset column to the reward functions as a keyword argument, so a missing
-gold column would otherwise surface only after the first generation, deep inside the reward call.
+**Checks** run before a model is loaded: rows without a gold answer, gold answers of the wrong type, malformed tests,
+unknown abilities or data sources (`training_dataset`, with counts), and — when `OR1Trainer` is built, so for the
+Python API too (`check_datasets`) — reward columns the dataset lacks, empty datasets, and gold answers our verifiers
+cannot read (each error names the dataset, the column, the count and the first rows). TRL passes every dataset column
+to the reward functions as a keyword argument, so a missing gold column would otherwise surface only after the first
+generation, deep inside the reward call, and a gold of the wrong type (a dict) would be scored as its text: 0 for
+every sample, silently. Once the tokenizer is known, `check_prompt_lengths` compares the prompts with the context
+(TRL 1.16 does not truncate prompts).
 """
 
 from __future__ import annotations
@@ -135,7 +139,7 @@ class InvalidRow(ValueError):
 
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(f"{reason} ({detail})" if detail else reason)
-        self.reason = reason
+        self.reason, self.detail = reason, detail
 
 
 def is_verl_format(dataset) -> bool:
@@ -152,24 +156,52 @@ def prompt_text(prompt) -> str:
     return str(users[-1].get("content", "")) if users else ""
 
 
+def check_math_gold(answer) -> tuple[str, ...]:
+    """The gold answers of one math row as `MathReward` reads them (`normalize_golds`), or `InvalidRow`.
+
+    A gold is a string or a number, or a list of them (the acceptable answers). Anything else — a dict (e.g. a whole
+    `reward_model` struct), a bool, a list holding dicts or lists — would reach Math-Verify as its Python text and
+    never match: "wrong gold type". None, or only empty strings: "no gold answer".
+    """
+    from .rewards.math import normalize_golds
+
+    value = answer.tolist() if hasattr(answer, "tolist") and not isinstance(answer, (str, int, float)) else answer
+    items = list(value) if isinstance(value, (list, tuple, set, frozenset)) else [value]
+    wrong = next((item for item in items if isinstance(item, (dict, list, tuple, set, frozenset, bool, bytes))), None)
+    if wrong is not None:
+        inside = "" if wrong is value else f" holding a {type(wrong).__name__}"
+        raise InvalidRow("wrong gold type", f"a {type(value).__name__}{inside}: {str(value)[:60]!r}")
+    golds = tuple(g for g in normalize_golds(value) if g.strip())
+    if not golds:
+        raise InvalidRow("no gold answer")
+    return golds
+
+
+def check_tests(tests) -> None:
+    """`InvalidRow` ("malformed test JSON") if `CodeReward` cannot run the test spec `tests` (`tests_problem`)."""
+    problem = tests_problem(tests)
+    if problem:
+        raise InvalidRow("malformed test JSON", problem)
+
+
 def math_golds(ground_truth) -> list[str]:
     """The gold answers of a released math row, from `reward_model.ground_truth`: a JSON list of strings (the
     released data), a JSON string, or a plain string. What `json.loads` cannot read, or reads as a number, stays the
-    string it was (the released script keeps unreadable ones; a number would never match there)."""
-    from .rewards.math import normalize_golds
-
+    string it was (the released script keeps unreadable ones; a number would never match there). A JSON object is a
+    "wrong gold type" (`check_math_gold`)."""
     value = ground_truth
     if isinstance(ground_truth, str):
         try:
             value = json.loads(ground_truth)
         except ValueError:
             value = ground_truth
-        if not isinstance(value, (list, str)):
+        if not isinstance(value, (list, str, dict)):
             value = ground_truth
-    golds = [g for g in normalize_golds(value) if g.strip()]
-    if not golds:
-        raise InvalidRow("no gold answer", f"ground_truth {str(ground_truth)[:60]!r}")
-    return golds
+    try:
+        return list(check_math_gold(value))
+    except InvalidRow as exc:
+        detail = f"ground_truth {str(ground_truth)[:60]!r}"
+        raise InvalidRow(exc.reason, f"{detail}: {exc.detail}" if exc.detail else detail) from None
 
 
 def code_tests(ground_truth) -> dict:
@@ -199,9 +231,7 @@ def code_tests(ground_truth) -> dict:
         tests = {"asserts": spec["assert_case"], "import_prefix": SKYWORK_IMPORT_PROMPT}
     else:
         raise InvalidRow("malformed test JSON", f"no tests among the keys {sorted(spec)}")
-    problem = tests_problem(tests)
-    if problem:
-        raise InvalidRow("malformed test JSON", problem)
+    check_tests(tests)
     return tests
 
 
@@ -256,14 +286,9 @@ def _scorable_row(row: dict, verl: bool, default_ability: str) -> dict:
             else:
                 out[TESTS_COLUMN] = json.dumps(code_tests(ground_truth))
         elif ability == "math":
-            from .rewards.math import normalize_golds
-
-            if not any(g.strip() for g in normalize_golds(row.get(ANSWER_COLUMN))):
-                raise InvalidRow("no gold answer")
+            check_math_gold(row.get(ANSWER_COLUMN))
         else:
-            problem = tests_problem(row.get(TESTS_COLUMN))
-            if problem:
-                raise InvalidRow("malformed test JSON", problem)
+            check_tests(row.get(TESTS_COLUMN))
     except InvalidRow as exc:
         out[_INVALID] = f"{exc.reason}\t{exc}"
     return out
@@ -321,6 +346,18 @@ def _row_list(rows: list[int], limit: int = 5) -> str:
     return f"row{'s' if len(rows) > 1 else ''} {shown}{', …' if len(rows) > limit else ''}"
 
 
+def _invalid_rows(reasons: list[str | None]) -> tuple[int, str]:
+    """`(count, details)` of the rows whose entry in `reasons` is `"<reason>\t<message>"` (None: a valid row):
+    per reason its count, its first rows and the first one's message."""
+    invalid: dict[str, list[int]] = {}
+    for index, reason in enumerate(reasons):
+        if reason is not None:
+            invalid.setdefault(reason.split("\t")[0], []).append(index)
+    details = "; ".join(f"{len(rows)} {reason} ({_row_list(rows)}; first: {reasons[rows[0]].split(chr(9))[1]})"
+                        for reason, rows in invalid.items())
+    return sum(len(rows) for rows in invalid.values()), details
+
+
 def training_dataset(dataset, reward: str = "auto", prompt_column: str = "prompt", answer_column: str | None = None,
                      difficulty_model: str | None = None, difficulty_range: tuple[int, int] | None = None,
                      drop_invalid: bool = False, num_proc: int | None = None):
@@ -363,15 +400,8 @@ def training_dataset(dataset, reward: str = "auto", prompt_column: str = "prompt
     total = len(dataset)
     report = [f"{total} rows in {'the released (verl) format' if verl else f'prompt/{REWARD_COLUMNS[default_ability]} columns'}"]
 
-    reasons = [r for r in dataset[_INVALID]]
-    invalid: dict[str, list[int]] = {}
-    for index, reason in enumerate(reasons):
-        if reason is not None:
-            invalid.setdefault(reason.split("\t")[0], []).append(index)
-    if invalid:
-        details = "; ".join(f"{len(rows)} {reason} ({_row_list(rows)}; first: {reasons[rows[0]].split(chr(9))[1]})"
-                            for reason, rows in invalid.items())
-        count = sum(len(rows) for rows in invalid.values())
+    count, details = _invalid_rows(dataset[_INVALID])
+    if count:
         if not drop_invalid:
             raise ValueError(f"{count} of {total} rows cannot be scored: {details}. Fix them, or pass "
                              "--drop_invalid_rows to train without them.")
@@ -426,6 +456,127 @@ def released_format_inputs(reward_funcs, train_dataset, eval_dataset):
         single = {"math": math_reward, "code": code_reward}
         reward_funcs = single[abilities[0]] if len(abilities) == 1 else mixed_rewards(abilities)
     return reward_funcs, train_dataset, eval_dataset
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# OR1Trainer's pre-flight (the Python API and `or1-trl train` alike): before the model loads, and before any step
+# ---------------------------------------------------------------------------------------------------------------
+
+_GOLD_FIX = {
+    ANSWER_COLUMN: "math_reward reads, per row, a string, a number or a list of them (the acceptable answers); a dict "
+                   "is scored as its Python text and never matches. Store the answer itself (a released-format "
+                   "struct: pass the dataset with its reward_model column as it is, OR1Trainer converts it)",
+    TESTS_COLUMN: "code_reward reads, per row, a test spec (a dict or its JSON string) with inputs/outputs lists or "
+                  "asserts (`or1_trl/rewards/code.py`)",
+}
+
+
+def _gold_checks(reward_func) -> list[tuple[str, Any, str | None, str | None]]:
+    """`(gold column, check, ability, ability column)` for each gold column one of our verifiers reads (user rewards:
+    none). `check(value)` raises `InvalidRow`; `ability` restricts it to the rows of that ability (`mixed_rewards`)."""
+    from .rewards.code import CodeReward
+    from .rewards.math import MathReward
+    from .rewards.mixed import AbilityReward
+
+    ability = ability_column = None
+    if isinstance(reward_func, AbilityReward):
+        ability, ability_column, reward_func = reward_func.ability, reward_func.column, reward_func.reward
+    if isinstance(reward_func, MathReward):
+        return [(ANSWER_COLUMN, check_math_gold, ability, ability_column)]
+    if isinstance(reward_func, CodeReward):
+        return [(TESTS_COLUMN, check_tests, ability, ability_column)]
+    return []
+
+
+def check_golds(reward_funcs: Any, dataset: Any, dataset_name: str = "train_dataset") -> None:
+    """Raise a `ValueError` if rows of `dataset` hold gold answers our verifiers cannot read: the column, the reward,
+    the count, the first rows and what the first one holds (`check_math_gold`, `check_tests`)."""
+    columns = getattr(dataset, "column_names", None)
+    if columns is None or not hasattr(dataset, "__len__"):
+        return
+    for func in reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]:
+        for column, check, ability, ability_column in _gold_checks(func):
+            if column not in columns or (ability is not None and ability_column not in columns):
+                continue  # check_reward_columns names the missing column
+            abilities = dataset[ability_column] if ability is not None else None
+            reasons = []
+            for index, value in enumerate(dataset[column]):
+                reason = None
+                if abilities is None or abilities[index] == ability:
+                    try:
+                        check(value)
+                    except InvalidRow as exc:
+                        reason = f"{exc.reason}\t{exc}"
+                reasons.append(reason)
+            count, details = _invalid_rows(reasons)
+            if count:
+                name = getattr(func, "__name__", type(func).__name__)
+                raise ValueError(f"{dataset_name} column {column!r} (read by {name!r}): {count} of {len(dataset)} rows "
+                                 f"cannot be scored: {details}. {_GOLD_FIX[column]}.")
+
+
+def check_datasets(reward_funcs: Any, train_dataset: Any, eval_dataset: Any = None) -> None:
+    """`OR1Trainer`'s pre-flight, before the model loads: for the train dataset and each eval dataset, the columns the
+    rewards need (`check_reward_columns`), at least one row, and gold answers our verifiers can read (`check_golds`).
+    Datasets without a length (streaming) are checked for columns only."""
+    splits = [("train_dataset", train_dataset)]
+    if isinstance(eval_dataset, dict):
+        splits += [(f"eval_dataset[{name!r}]", split) for name, split in eval_dataset.items()]
+    else:
+        splits.append(("eval_dataset", eval_dataset))
+    for name, dataset in splits:
+        if dataset is None:
+            continue
+        check_reward_columns(reward_funcs, dataset, name)
+        if hasattr(dataset, "__len__") and len(dataset) == 0:
+            raise ValueError(f"{name} has no rows: training would run 0 steps. Check the split and any filtering "
+                             "(e.g. `or1-trl train`'s difficulty filter) that produced it.")
+        check_golds(reward_funcs, dataset, name)
+
+
+def prompt_lengths(prompts: list, tokenize, batch_size: int = 256) -> list[int]:
+    """Token count of each prompt as generation sees it: `tokenize(batch)` returns the token ids of a batch of
+    prompts (`OR1Trainer` passes TRL's own `_tokenize_prompts`: chat template, generation prompt, tools)."""
+    lengths = []
+    for start in range(0, len(prompts), batch_size):
+        lengths.extend(len(ids) for ids in tokenize(list(prompts[start : start + batch_size])))
+    return lengths
+
+
+def check_prompt_lengths(lengths: list[int], context: int | None, completion_length: int,
+                         max_prompt_length: int | None = None, dataset_name: str = "train_dataset",
+                         context_source: str = "the context") -> str | None:
+    """Prompts that do not fit: TRL 1.16 generates from the whole prompt (it has no `max_prompt_length`), so a prompt
+    longer than `context - completion_length` runs past the model's context (transformers only prints a reminder).
+
+    - `max_prompt_length=None`: such prompts are a `ValueError` (their count, the first rows, the longest, the limit).
+    - `max_prompt_length=P`: prompts longer than P are cut to their last P tokens at generation (`OR1Trainer`); the
+      warning returned says how many (None if none). `P + completion_length` must fit the context.
+
+    `context=None` (unknown): only `max_prompt_length` is checked.
+    """
+    limit = None if context is None else context - completion_length
+    if max_prompt_length is not None:
+        if limit is not None and max_prompt_length > limit:
+            raise ValueError(f"max_prompt_length={max_prompt_length} + max_completion_length={completion_length} "
+                             f"exceed {context_source} ({context} tokens); set max_prompt_length <= {limit}.")
+        long = [i for i, n in enumerate(lengths) if n > max_prompt_length]
+        if not long:
+            return None
+        return (f"{len(long)} of {len(lengths)} prompts of {dataset_name} are longer than max_prompt_length="
+                f"{max_prompt_length} tokens ({_row_list(long)}; longest {max(lengths)}): generation sees only their "
+                "last max_prompt_length tokens (the start of the problem is cut off).")
+    if limit is None:
+        return None
+    long = [i for i, n in enumerate(lengths) if n > limit]
+    if long:
+        raise ValueError(
+            f"{len(long)} of {len(lengths)} prompts of {dataset_name} are longer than {limit} tokens ({_row_list(long)}; "
+            f"longest {max(lengths)}), the room {context_source} ({context} tokens) leaves after max_completion_length="
+            f"{completion_length}. Drop them (`dataset.filter`), set max_prompt_length={limit} (OR1Config) to keep their last "
+            f"{limit} tokens, or lower max_completion_length."
+        )
+    return None
 
 
 def save_split(dataset, output_dir: str, split: str) -> str:

@@ -1,4 +1,5 @@
-"""What a run shows while it trains: where each step's time goes, training accuracy, and two entropy warnings.
+"""What a run shows while it trains: where each step's time goes, training accuracy, two entropy warnings, and a
+warning when steps keep being skipped.
 
 Pure pieces, testable without a trainer; `OR1Trainer` (`trainer.py`) feeds them from the hooks TRL already calls.
 
@@ -37,6 +38,9 @@ before the length limit (TRL's truncation rule). Paper Fig. 6 plots both against
 **Entropy warnings** (`EntropyWatch`): entropy collapse (the entropy stays below a fraction of the target for K steps
 while the controller is saturated or off — the paper's §4 remedies are named), and a low start (the entropy of the
 first steps is already at or below the target, so the controller holds it up from step 1).
+
+**Skipped steps** (`SkippedStepWatch`): N consecutive optimizer steps without a trainable token (every group rejected,
+or every completion masked) — why, and what to check.
 """
 
 from __future__ import annotations
@@ -271,4 +275,60 @@ class EntropyWatch:
             "starts above it). If that is not what you want: set entropy_target below the starting entropy, "
             "use_adaptive_entropy=False, or a smaller entropy_coef_max / entropy_coef_delta (entropy_preset='released')."
             + (f" This run: {self._settings()}." if self.settings else "")
+        )
+
+
+@dataclass
+class SkippedStepWatch:
+    """A warning, given once per run, when `after` consecutive optimizer steps were skipped (no trainable token on
+    any rank, `OR1Trainer.training_step`): training is going nowhere, and the message says why and what to check.
+
+    Fed once per optimizer step (`observe`) with whether it was skipped and the group outcomes of its rollout
+    (`rejection.GroupOutcomes`; `None` with rejection sampling off). Why a step is skipped: every group was rejected
+    (all its rewards equal: every sample failed, or every one solved it), or — groups kept — every completion was
+    masked (`mask_truncated_completions=True` and every completion truncated).
+
+    Args:
+        after: consecutive skipped steps before the warning; 0 disables it.
+        settings: the run's values of the knobs, quoted in the message (e.g. `{"num_generations": 4}`).
+    """
+
+    after: int = 5
+    settings: dict[str, object] = field(default_factory=dict)
+    _run: int = 0
+    _warned: bool = False
+
+    @classmethod
+    def for_config(cls, args) -> "SkippedStepWatch":
+        return cls(after=getattr(args, "skipped_steps_warning", 5), settings={
+            "num_generations": args.num_generations, "max_completion_length": args.max_completion_length,
+            "mask_truncated_completions": args.mask_truncated_completions})
+
+    def observe(self, skipped: bool, outcomes=None) -> list[str]:
+        """One optimizer step. Returns the warning when it is due (at most once per run), else `[]`."""
+        self._run = self._run + 1 if skipped else 0
+        if not self.after or self._warned or self._run < self.after:
+            return []
+        self._warned = True
+        return [self._message(outcomes)]
+
+    def _message(self, outcomes) -> str:
+        head = (f"The last {self._run} optimizer steps were all skipped: no completion token was left to train on, so "
+                "the weights did not move. ")
+        settings = f" This run: {', '.join(f'{k}={v!r}' for k, v in self.settings.items())}." if self.settings else ""
+        if outcomes is not None and int(outcomes.keep.sum()) == 0:
+            n, none, solved = outcomes.num_groups, int(outcomes.solve_none.sum()), int(outcomes.solve_all.sum())
+            return head + (
+                f"Every group was rejected (all its rewards equal); in the last rollout, of {n} groups {none} had every "
+                f"sample fail and {solved} every sample solved" + (f", {n - none - solved} other" if n - none - solved
+                else "") + ". Check that the reward reads the right gold column and scores a correct answer 1 "
+                "(rewards/<name>/mean), that completions can finish within max_completion_length "
+                "(completions/clipped_ratio; a truncated completion scores 0), and the prompts' difficulty for this "
+                "model (too hard: all fail — the offline difficulty filter; too easy: all solve — the online filter); "
+                "more samples per prompt (num_generations) make mixed groups likelier." + settings
+            )
+        return head + (
+            "Groups were kept, but every completion was masked out of the loss: mask_truncated_completions=True and "
+            "every completion hit max_completion_length (completions/clipped_ratio = 1). Raise max_completion_length "
+            "or set mask_truncated_completions=False." + settings
         )

@@ -11,7 +11,11 @@ What this class adds, hook by hook (one step k = one generation batch, on-policy
    previous stage's last (complete, `checkpoint.py`) checkpoint with the stage's length, group and batch shape;
    at each stage start the **online filter** (§3.1, `prompts.py`) shrinks the prompt pool that
    `_get_train_sampler` draws from.
-1. `_calculate_rewards`  — keeps the rewards of all ranks, and each row's prompt, truncation and length.
+0. `__init__` — **pre-flight** (`data.py`): the columns the rewards need, no empty dataset, gold answers the
+   verifiers can read (before the model loads); then prompts that do not fit the context (TRL's own tokenisation),
+   cut by `_tokenize_prompts` to `max_prompt_length` where set.
+1. `_calculate_rewards`  — keeps the rewards of all ranks, and each row's prompt, truncation and length; a reward
+   function's `inf`/NaN is an error, or scored 0 and counted (`reward_checks.py`).
 2. `_generate_and_score_completions` — **per-prompt statistics** (`prompts.py`, `prompt_stats.jsonl`); **rejection
    sampling** (`rejection.py`): groups whose rewards are all equal leave the batch (T~_k), optionally refilled from
    the pool; the normaliser T_k is recounted over the kept tokens of all ranks; rows are compacted (or masked)
@@ -25,7 +29,7 @@ What this class adds, hook by hook (one step k = one generation batch, on-policy
    inside it instead of TRL's.
 5. `training_step` — a step with no trainable token on any rank (every group rejected, or every completion
    masked) drops its (zero-weight) gradients, so the optimizer does not move (neither Adam's momentum nor weight
-   decay); it is counted.
+   decay); it is counted, and a run of `skipped_steps_warning` such steps is warned about (`observability.py`).
 5. What the run shows (`observability.py`): `_generate`, `_calculate_rewards`, `_prepare_inputs` and `training_step`
    open the phases of the step's **time split** (rollout / reward / update / other; CPU clocks, no device sync);
    training **accuracy** over all and over non-truncated samples; the **entropy-collapse and low-start warnings**;
@@ -56,14 +60,22 @@ from trl.trainer.utils import add_fused_lm_head, get_config_model_id
 
 from . import checkpoint, model_card
 from .config import OR1Config, check_liger_layer_kernels
-from .data import check_reward_columns, released_format_inputs
+from .data import check_datasets, check_prompt_lengths, prompt_lengths, released_format_inputs
 from .entropy import AdaptiveEntropyController
 from .evaluation import group_pass_at_k
 from .evaluation import read_summary as read_eval_summary
 from .logprobs import liger_lm_head, resolve_logprob_backend
 from .loss import ppo_clip_per_token_loss, sampled_token_entropy
-from .observability import EntropyWatch, SaveFinalState, StepTimer, StepTimerCallback, accuracy_metrics
+from .observability import (
+    EntropyWatch,
+    SaveFinalState,
+    SkippedStepWatch,
+    StepTimer,
+    StepTimerCallback,
+    accuracy_metrics,
+)
 from .prompts import PromptPool, PromptSampler, PromptStats, StatsLog, batch_outcomes, prompt_ids
+from .reward_checks import NONFINITE_METRIC, nonfinite_mask, nonfinite_message, record_abstentions
 from .rejection import WEIGHT_KEY, cap_kept_groups, compact_batch, concat_batches, group_outcomes, mask_batch
 from .stages import StageShape, set_base_learning_rate, stage_index, stage_shapes
 from .weight_sync import generation_backend
@@ -145,8 +157,7 @@ class OR1Trainer(GRPOTrainer):
         reward_funcs, train_dataset, eval_dataset = released_format_inputs(reward_funcs, train_dataset, eval_dataset)
         # Bad input fails here, before the model is loaded or anything is generated.
         check_liger_layer_kernels(args)
-        check_reward_columns(reward_funcs, train_dataset, "train_dataset")
-        check_reward_columns(reward_funcs, eval_dataset, "eval_dataset")
+        check_datasets(reward_funcs, train_dataset, eval_dataset)  # columns, rows, gold types (`data.py`)
         is_or1 = isinstance(args, OR1Config)
         self.entropy_controller = AdaptiveEntropyController(
             target=args.entropy_target,
@@ -161,6 +172,8 @@ class OR1Trainer(GRPOTrainer):
         self._entropy_window = None  # [Σ e·m, Σ m] over the micro-steps of the current optimizer step
         self._rewards_all_ranks = None  # [B*G, n_funcs], stashed by _calculate_rewards for rejection
         self._skip_update = False  # no trainable token in the current rollout, on any rank
+        self._rollout_outcomes = None  # GroupOutcomes of the current rollout (rejection sampling)
+        self._warned_nonfinite = False
         self.or1_rows_forwarded = 0
         self.or1_skipped_steps = 0
         self.logprob_backend = "trl"  # resolved for the device and model below, once the model is loaded
@@ -203,6 +216,7 @@ class OR1Trainer(GRPOTrainer):
                 args.logprob_backend, self.accelerator.unwrap_model(self.model), self.accelerator.device
             )
             logger.info(f"Log-probs and entropies: logprob_backend={self.logprob_backend!r} ({why}).")
+        self._check_prompt_lengths()
         # What the run shows (`observability.py`): the time split of each step, the final trainer_state.json for
         # `or1-trl plot`, the entropy warnings.
         self._step_timer = StepTimer()
@@ -210,6 +224,7 @@ class OR1Trainer(GRPOTrainer):
         self.add_callback(SaveFinalState())
         self._step_entropy = [0.0, 0.0]  # [Σ H·m, Σ m] over the micro-steps of the current optimizer step
         self._entropy_watch = EntropyWatch.for_config(args) if is_or1 else None
+        self._skipped_watch = SkippedStepWatch.for_config(args)
         if self._stages:
             self.args.ignore_data_skip = True  # the prompt sampler restores its own position on resume
             self.add_callback(_StageEnd(self))
@@ -244,8 +259,9 @@ class OR1Trainer(GRPOTrainer):
     # Rejection sampling (§3.1): T~_k = { i : some A_ij != 0 }
     # ---------------------------------------------------------------------------------------------------------
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        with self._timed("reward"):
+        with self._timed("reward"), record_abstentions(self) as abstained:
             rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        rewards_per_func = self._check_nonfinite_rewards(rewards_per_func, abstained, inputs, prompts, completions)
         self._rewards_all_ranks = rewards_per_func  # [B*G over all ranks, n_funcs]
         if self.model.training:
             # Per row: dataset index (-1 without a pool), truncated (TRL's rule: no EOS/pad at the end), length —
@@ -274,7 +290,7 @@ class OR1Trainer(GRPOTrainer):
             return batch
 
         if self._rejection_mode != "off":
-            outcomes = group_outcomes(rewards, self.num_generations)
+            outcomes = self._rollout_outcomes = group_outcomes(rewards, self.num_generations)
             for name, value in outcomes.fractions().items():
                 self._metrics["train"][f"rejection/{name}"].append(value)
             keep, num_groups = outcomes.keep, outcomes.num_groups  # [B] over all ranks
@@ -311,6 +327,29 @@ class OR1Trainer(GRPOTrainer):
         # mask_truncated_completions): the step runs its zero-weight backward passes and then skips the update.
         self._skip_update = kept_tokens.item() == 0
         return batch
+
+    def _check_nonfinite_rewards(self, rewards_per_func, abstained, inputs, prompts, completions):
+        """`[N, F]` rewards with no inf/NaN a function returned (`reward_checks.py`): an error naming the function and
+        the sample, or with `nonfinite_rewards="zero"` scored 0, counted in `reward/nonfinite`, warned about once."""
+        bad = nonfinite_mask(rewards_per_func, abstained, len(prompts), self.accelerator.gather)  # [N, F]
+        zero = getattr(self.args, "nonfinite_rewards", "error") == "zero"
+        if zero:
+            self._metrics["train" if self.model.training else "eval"][NONFINITE_METRIC].append(float(bad.sum()))
+        if not bad.any():
+            return rewards_per_func
+        message = nonfinite_message(
+            bad, rewards_per_func, self.reward_func_names, self.accelerator.process_index * len(prompts), prompts,
+            completions, [row.get(INDEX_COLUMN, -1) for row in inputs], self.state.global_step + 1,
+            "Scored 0 (nonfinite_rewards='zero'; counted in reward/nonfinite); this warning is not repeated." if zero
+            else "Fix the reward function, or set nonfinite_rewards='zero' to score such samples 0 (counted in "
+            "reward/nonfinite).",
+        )
+        if not zero:
+            raise ValueError(message)
+        if not self._warned_nonfinite and self.accelerator.is_main_process:
+            logger.warning(message)
+        self._warned_nonfinite = True
+        return rewards_per_func.masked_fill(bad, 0.0)
 
     def _log_eval_pass_at_k(self) -> None:
         """Evaluation (TRL's `eval_dataset` path): avg@n and unbiased pass@k per eval prompt, n = `num_generations_eval`,
@@ -394,6 +433,9 @@ class OR1Trainer(GRPOTrainer):
         if self.accelerator.sync_gradients and self._or1_loss_enabled:
             self._metrics["train"]["skipped_steps"].append(float(self.or1_skipped_steps))
             self._watch_entropy()
+            for message in self._skipped_watch.observe(self._skip_update, self._rollout_outcomes):
+                if self.accelerator.is_main_process:
+                    logger.warning(message)
         return loss
 
     # ---------------------------------------------------------------------------------------------------------
@@ -694,6 +736,47 @@ class OR1Trainer(GRPOTrainer):
         args.generation_batch_size = shape.generation_batch_size
         args.temperature = shape.temperature
         args.learning_rate = shape.learning_rate
+
+    def _check_prompt_lengths(self) -> None:
+        """Prompts that do not fit the context (`data.check_prompt_lengths`), measured with TRL's own tokenisation:
+        an error, or with `max_prompt_length` one warning counting the prompts `_tokenize_prompts` will cut. With a
+        plain `GRPOConfig` (no truncation to offer) over-long prompts are a warning."""
+        limit = getattr(self.args, "max_prompt_length", None)
+        if self._is_vlm:
+            if limit is not None:
+                raise ValueError("max_prompt_length cuts token ids, which would cut image tokens too: it supports "
+                                 "text-only models; unset it.")
+            return  # measuring would process every image of the dataset
+        if self.rollout_func is not None or self.environment_factories is not None:
+            return  # prompts are tokenised elsewhere (or per environment)
+        config = self.accelerator.unwrap_model(self.model).config
+        context = getattr(config.get_text_config(), "max_position_embeddings", None)
+        source = "the model's max_position_embeddings"
+        if self.use_vllm and self.args.vllm_max_model_length:
+            context, source = self.args.vllm_max_model_length, "vllm_max_model_length"
+        completion = max([self.args.max_completion_length] + [s.max_completion_length for s in self._stage_shapes])
+        datasets = {"train_dataset": self.train_dataset}
+        evals = self.eval_dataset if isinstance(self.eval_dataset, dict) else {None: self.eval_dataset}
+        datasets.update({"eval_dataset" if k is None else f"eval_dataset[{k!r}]": v for k, v in evals.items()})
+        for name, dataset in datasets.items():
+            if not isinstance(dataset, Dataset) or "prompt" not in dataset.column_names:
+                continue
+            lengths = prompt_lengths(dataset["prompt"], lambda batch: super(OR1Trainer, self)._tokenize_prompts(batch)[0])
+            try:
+                message = check_prompt_lengths(lengths, context, completion, limit, name, source)
+            except ValueError as exc:
+                if isinstance(self.args, OR1Config):
+                    raise
+                message = str(exc)
+            if message and self.accelerator.is_main_process:
+                logger.warning(message)
+
+    def _tokenize_prompts(self, prompts: list):
+        prompt_ids, images, multimodal_fields = super()._tokenize_prompts(prompts)
+        limit = getattr(self.args, "max_prompt_length", None)
+        if limit is not None:  # keep the last `max_prompt_length` tokens (left truncation, as TRL's SDPO trainer)
+            prompt_ids = [ids[-limit:] for ids in prompt_ids]
+        return prompt_ids, images, multimodal_fields
 
     def _check_stage_lengths_fit_vllm(self) -> None:
         limit = self.args.vllm_max_model_length if self.use_vllm else None

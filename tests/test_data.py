@@ -293,3 +293,16 @@ def test_train_cli_on_the_released_format_with_the_difficulty_filter(tmp_path, r
            "1 above)\ntraining on 5 rows: 3 math, 2 code" in out
     records = [json.loads(line) for line in (tmp_path / "out" / "prompt_stats.jsonl").read_text().splitlines()]
     assert len(records) == 2 and (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_released_math_row_with_a_test_object_is_a_wrong_gold_type():
+    """A math row whose ground_truth is a JSON object (code tests filed as math) is counted as a wrong gold type,
+    not kept as a string gold that never matches."""
+    rows = released_rows()[0][:3]
+    rows[1]["reward_model"]["ground_truth"] = json.dumps(STDIO)
+    dataset = Dataset.from_list(rows, features=released_features())
+    with pytest.raises(ValueError, match=re.escape("1 of 3 rows cannot be scored: 1 wrong gold type (row 1; first: "
+                                                   "wrong gold type (ground_truth '{\"inputs\"")):
+        training_dataset(dataset)
+    kept, _, report = training_dataset(dataset, drop_invalid=True)
+    assert kept["answer"] == [["5"], ["4.5", "\\frac{9}{2}"]] and report[1].startswith("dropped 1 rows")

@@ -1,0 +1,334 @@
+"""No silent nonsense: gold answers of the wrong type, empty datasets and over-long prompts stop the run before the
+first step (Python API and CLI); a non-finite reward is an error (or, opted in, 0 and counted); a run whose steps are
+all skipped says so."""
+
+import logging
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset
+from trl import GRPOConfig
+
+from or1_trl import OR1Config, OR1Trainer
+from or1_trl.data import InvalidRow, check_datasets, check_math_gold, check_prompt_lengths, math_golds, training_dataset
+from or1_trl.observability import SkippedStepWatch
+from or1_trl.rejection import group_outcomes
+from or1_trl.reward_checks import nonfinite_mask, record_abstentions
+from or1_trl.rewards import MathReward, code_reward, mixed_rewards
+from or1_trl.testing import tiny_model, tiny_tokenizer, tiny_training_args
+
+G = 4  # samples per prompt in tiny_training_args
+NO_MODEL = "/nonexistent/model"  # the pre-flight fails before this is loaded
+
+
+def parity_reward(completions, **kwargs):
+    return [float(len(c) % 2) for c in completions]
+
+
+@pytest.fixture
+def args(tmp_path):
+    return OR1Config(**tiny_training_args(tmp_path))
+
+
+class TrainerLog(logging.Handler):
+    """The trainer's warnings, each with the optimizer steps completed when it was given."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.trainer, self.records = None, []
+
+    def emit(self, record):
+        step = self.trainer.state.global_step if self.trainer is not None else None
+        self.records.append((step, record.getMessage()))
+
+    def __enter__(self):
+        logging.getLogger("or1_trl.trainer").addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger("or1_trl.trainer").removeHandler(self)
+
+    def matching(self, text):
+        return [(step, message) for step, message in self.records if text in message]
+
+
+# --- gold answers -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer,golds", [
+    ("5", ("5",)), (5, ("5",)), (4.5, ("4.5",)), (["5", "\\frac{10}{2}"], ("5", "\\frac{10}{2}")), ([1, None, 2], ("1", "2")),
+    (np.array(["7", "8"]), ("7", "8")),
+])
+def test_math_golds_of_the_accepted_types(answer, golds):
+    assert check_math_gold(answer) == golds
+
+
+@pytest.mark.parametrize("answer,reason,detail", [
+    ({"ground_truth": '["5"]', "style": "rule"}, "wrong gold type", "a dict: "),
+    (True, "wrong gold type", "a bool: 'True'"),
+    ([{"value": "5"}], "wrong gold type", "a list holding a dict: "),
+    ([["5"]], "wrong gold type", "a list holding a list: "),
+    (None, "no gold answer", ""), (["", "  "], "no gold answer", ""),
+])
+def test_math_golds_of_other_types_are_invalid(answer, reason, detail):
+    with pytest.raises(InvalidRow) as exc:
+        check_math_gold(answer)
+    assert exc.value.reason == reason and exc.value.detail.startswith(detail)
+
+
+def test_released_math_ground_truth_holding_an_object_is_a_wrong_type():
+    with pytest.raises(InvalidRow) as exc:
+        math_golds('{"inputs": ["1"], "outputs": ["2"]}')
+    assert exc.value.reason == "wrong gold type"
+    assert exc.value.detail.startswith("ground_truth '{\"inputs\"") and "a dict: " in exc.value.detail
+
+
+def test_dict_golds_fail_the_python_api_before_the_model_loads(args):
+    """The issue's case: an `answer` column of structs (here a whole reward_model struct) passed to OR1Trainer. Every
+    bad row is counted, the first ones named, the column and the reward too."""
+    answers = [{"ground_truth": str(i), "style": "rule"} for i in range(7)]
+    data = Dataset.from_dict({"prompt": [f"Q{i}" for i in range(7)], "answer": answers})
+    with pytest.raises(ValueError) as exc:
+        OR1Trainer(NO_MODEL, MathReward(num_workers=0), args=args, train_dataset=data)
+    message = str(exc.value)
+    assert message.startswith("train_dataset column 'answer' (read by 'math_reward'): 7 of 7 rows cannot be scored: "
+                              "7 wrong gold type (rows 0, 1, 2, 3, 4, …; first: wrong gold type (a dict: ")
+    assert "pass the dataset with its reward_model column as it is" in message
+
+    # Lists of structs, and rows without an answer: counted per reason, in the eval dataset too.
+    mixed = Dataset.from_dict({"prompt": ["a", "b", "c", "d", "e"],
+                               "answer": [[{"v": "1"}], None, [{"v": "2"}], [], [{"v": "3"}]]})
+    good = Dataset.from_dict({"prompt": ["a"], "answer": ["1"]})
+    with pytest.raises(ValueError, match=re.escape(
+            "eval_dataset column 'answer' (read by 'math_reward'): 5 of 5 rows cannot be scored: 3 wrong gold type "
+            "(rows 0, 2, 4; first: wrong gold type (a list holding a dict: ")) as exc:
+        OR1Trainer(NO_MODEL, MathReward(num_workers=0), args=args, train_dataset=good, eval_dataset=mixed)
+    assert "; 2 no gold answer (rows 1, 3; first: no gold answer)." in str(exc.value)
+
+
+def test_mixed_rewards_check_each_row_with_its_own_verifier(args):
+    """`mixed_rewards`: math golds are checked on the math rows only, code tests on the code rows only."""
+    tests = '{"inputs": ["1\\n"], "outputs": ["1\\n"]}'
+    data = Dataset.from_dict({"prompt": ["m0", "c1", "m2", "c3"], "ability": ["math", "code", "math", "code"],
+                              "answer": [["1"], None, ["2"], None], "tests": [None, tests, None, tests]})
+    check_datasets(mixed_rewards(), data)  # valid: no error although code rows lack answers and math rows tests
+    bad = data.map(lambda row, i: {"tests": '{"inputs": [1]}' if i == 3 else row["tests"]}, with_indices=True)
+    with pytest.raises(ValueError, match=re.escape("train_dataset column 'tests' (read by 'code_reward'): 1 of 4 rows "
+                                                   "cannot be scored: 1 malformed test JSON (row 3;")):
+        OR1Trainer(NO_MODEL, mixed_rewards(), args=args, train_dataset=bad)
+    with pytest.raises(ValueError, match=re.escape("column 'tests' (read by 'code_reward'): 1 of 2 rows cannot be "
+                                                   "scored: 1 malformed test JSON (row 1;")):
+        OR1Trainer(NO_MODEL, code_reward, args=args, train_dataset=bad.select([1, 3]))
+
+
+def test_dict_golds_fail_the_cli_data_path():
+    data = Dataset.from_dict({"question": ["a", "b", "c"], "solution": [{"v": "1"}, {"v": "2"}, {"v": "3"}]})
+    with pytest.raises(ValueError, match=r"^3 of 3 rows cannot be scored: 3 wrong gold type \(rows 0, 1, 2; first: "
+                                         r"wrong gold type \(a dict: "):
+        training_dataset(data, prompt_column="question", answer_column="solution")
+
+
+# --- empty datasets -------------------------------------------------------------------------------------------------
+
+
+def test_empty_datasets_fail_before_the_model_loads(args):
+    empty = Dataset.from_dict({"prompt": [], "answer": []})
+    with pytest.raises(ValueError, match=r"^train_dataset has no rows: training would run 0 steps"):
+        OR1Trainer(NO_MODEL, MathReward(num_workers=0), args=args, train_dataset=empty)
+    one = Dataset.from_dict({"prompt": ["q"], "answer": ["1"]})
+    with pytest.raises(ValueError, match=r"^eval_dataset\['hard'\] has no rows"):
+        OR1Trainer(NO_MODEL, MathReward(num_workers=0), args=args, train_dataset=one,
+                   eval_dataset={"easy": one, "hard": empty})
+    with pytest.raises(ValueError, match=r"^train_dataset has no rows"):  # TRL's own config too
+        OR1Trainer(NO_MODEL, parity_reward, args=GRPOConfig(**tiny_training_args(args.output_dir)),
+                   train_dataset=Dataset.from_dict({"prompt": []}))
+
+
+# --- prompt lengths -------------------------------------------------------------------------------------------------
+
+
+def test_prompt_length_rule():
+    lengths = [10, 60, 59, 58, 100]
+    with pytest.raises(ValueError, match=re.escape("3 of 5 prompts of train_dataset are longer than 58 tokens "
+                                                   "(rows 1, 2, 4; longest 100), the room the context (64 tokens)")):
+        check_prompt_lengths(lengths, context=64, completion_length=6)
+    assert check_prompt_lengths(lengths, context=None, completion_length=6) is None
+    assert check_prompt_lengths([58, 3], context=64, completion_length=6) is None
+    assert check_prompt_lengths(lengths, 64, 6, max_prompt_length=58).startswith(
+        "3 of 5 prompts of train_dataset are longer than max_prompt_length=58 tokens (rows 1, 2, 4; longest 100)")
+    assert check_prompt_lengths(lengths, None, 6, max_prompt_length=100) is None
+    with pytest.raises(ValueError, match=r"max_prompt_length=58 \+ max_completion_length=7 exceed the context \(64 "):
+        check_prompt_lengths(lengths, 64, 7, max_prompt_length=58)
+
+
+def long_prompts():
+    """Conversational prompts of 1 to 10 repetitions of a phrase (27 to 135 tokens with the chat template)."""
+    return Dataset.from_dict({"prompt": [[{"role": "user", "content": "What is two plus two? " * (1 + i)}]
+                                         for i in range(10)]})
+
+
+def chat_ids(tokenizer, dataset):
+    """Each prompt's token ids, from the tokenizer's chat template directly."""
+    return [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True)["input_ids"]
+            for p in dataset["prompt"]]
+
+
+def test_prompts_longer_than_the_context_are_refused_or_truncated(tmp_path):
+    """Tiny model with a 64-token context, completions of 6: prompts over 58 tokens are an error naming their count
+    (equal to a count made with the tokenizer's chat template directly); with max_prompt_length they are counted in
+    one warning and generation gets their last max_prompt_length tokens."""
+    tokenizer = tiny_tokenizer()
+    data = long_prompts()
+    full = chat_ids(tokenizer, data)
+    lengths = [len(ids) for ids in full]
+    over = [i for i, n in enumerate(lengths) if n > 64 - 6]
+    assert 0 < len(over) < len(data)
+    args = OR1Config(**tiny_training_args(tmp_path, max_steps=1))
+    with pytest.raises(ValueError) as exc:
+        OR1Trainer(tiny_model(tokenizer, max_position_embeddings=64), parity_reward, args=args, train_dataset=data,
+                   processing_class=tokenizer)
+    assert str(exc.value).startswith(f"{len(over)} of 10 prompts of train_dataset are longer than 58 tokens (rows "
+                                     f"{', '.join(map(str, over[:5]))}, …; longest {max(lengths)}), the room the "
+                                     "model's max_position_embeddings (64 tokens) leaves")
+
+    # TRL's own config has no truncation to offer: the same count, as a warning.
+    with TrainerLog() as log:
+        OR1Trainer(tiny_model(tokenizer, max_position_embeddings=64), parity_reward,
+                   args=GRPOConfig(**tiny_training_args(tmp_path, max_steps=1)), train_dataset=data,
+                   processing_class=tokenizer)
+    warnings = [m for _, m in log.matching("prompts of train_dataset")]
+    assert len(warnings) == 1 and warnings[0].startswith(f"{len(over)} of 10 prompts of train_dataset are longer than 58")
+
+    # max_prompt_length=20: prompts over 20 tokens are counted once and cut from the left at generation.
+    over_20 = [i for i, n in enumerate(lengths) if n > 20]
+    args = OR1Config(**tiny_training_args(tmp_path, max_steps=1, max_prompt_length=20))
+    with TrainerLog() as log:
+        trainer = OR1Trainer(tiny_model(tokenizer, max_position_embeddings=64), parity_reward, args=args,
+                             train_dataset=data, processing_class=tokenizer)
+        log.trainer = trainer
+        trainer.train()
+    warnings = log.matching("max_prompt_length=20")
+    assert len(warnings) == 1 and warnings[0][1].startswith(f"{len(over_20)} of 10 prompts of train_dataset are "
+                                                            "longer than max_prompt_length=20 tokens")
+    ids, _, _ = trainer._tokenize_prompts(list(data["prompt"]))
+    assert [list(i) for i in ids] == [f[-20:] for f in full]
+    assert max(map(len, ids)) == 20 and trainer.state.global_step == 1
+
+
+# --- non-finite rewards ---------------------------------------------------------------------------------------------
+
+
+def test_nonfinite_mask_leaves_none_alone():
+    """NaN where the function returned None (TRL's "not scored") is fine; a returned NaN or inf, or a float that
+    overflows float32, is not."""
+
+    class Holder:
+        reward_funcs = [lambda **kw: [1.0, None, math.nan, 1e39], lambda **kw: [None, math.inf, 2.0, -math.inf]]
+
+    holder = Holder()
+    originals = list(holder.reward_funcs)
+    with record_abstentions(holder) as abstained:
+        outputs = [f() for f in holder.reward_funcs]
+    assert holder.reward_funcs == originals and abstained == [[1], [0]]
+    rewards = torch.tensor([[math.nan if r is None else r for r in out] for out in outputs], dtype=torch.float32).T
+    bad = nonfinite_mask(rewards, abstained, 4, gather=lambda t: t)
+    assert bad.tolist() == [[False, False], [False, True], [True, False], [True, True]]
+
+
+class PoisonedReward:
+    """1.0 / 0.0 by parity, but NaN at the rows in `nan_at` and inf at `inf_at` (counting rows over all calls), and
+    None (not scored) at the rows in `none_at`."""
+
+    __name__ = "poisoned"
+
+    def __init__(self, nan_at=(), inf_at=(), none_at=()):
+        self.nan_at, self.inf_at, self.none_at = set(nan_at), set(inf_at), set(none_at)
+        self.seen = 0
+        self.returned = []  # per call
+
+    def __call__(self, completions, **kwargs):
+        out = []
+        for c in completions:
+            row, self.seen = self.seen, self.seen + 1
+            out.append(math.nan if row in self.nan_at else math.inf if row in self.inf_at else
+                       None if row in self.none_at else float(len(c) % 2))
+        self.returned.append(out)
+        return out
+
+
+def nonfinite_run(tmp_path, reward, **overrides):
+    tokenizer = tiny_tokenizer()
+    args = OR1Config(**tiny_training_args(tmp_path, **overrides))
+    data = Dataset.from_dict({"prompt": [f"Q: {i}+{i}=? A:" for i in range(8)]})
+    trainer = OR1Trainer(tiny_model(tokenizer), [reward, parity_reward], args=args, train_dataset=data,
+                         processing_class=tokenizer)
+    return trainer
+
+
+def test_nonfinite_reward_is_an_error_naming_the_function_and_the_sample(tmp_path):
+    reward = PoisonedReward(inf_at=[5, 6], none_at=[1, 2])
+    trainer = nonfinite_run(tmp_path, reward, max_steps=1)
+    with pytest.raises(ValueError) as exc:
+        trainer.train()
+    message = str(exc.value)
+    assert re.match(r"The reward function 'poisoned' returned inf for sample 5 of the rollout at step 1 \(dataset row "
+                    r"\d\); prompt 'Q: \d\+\d=\? A:', completion '.*'; 1 more non-finite reward in this rollout\. "
+                    r"A reward must be a finite number \(or None: not scored\)\. Fix the reward function, or set "
+                    r"nonfinite_rewards='zero'", message), message
+    assert trainer.state.global_step == 0  # stopped before the first update
+
+
+def test_nonfinite_rewards_opted_in_score_zero_and_are_counted(tmp_path):
+    """nonfinite_rewards='zero': `reward/nonfinite` equals the NaN/inf samples injected per step (Nones not counted),
+    those samples score 0, and one warning names the first."""
+    nan_at, inf_at, none_at = [0, 3, 9], [12], [1, 13]  # step 1: rows 0-7; step 2: rows 8-15
+    reward = PoisonedReward(nan_at, inf_at, none_at)
+    trainer = nonfinite_run(tmp_path, reward, max_steps=2, nonfinite_rewards="zero")
+    with TrainerLog() as log:
+        log.trainer = trainer
+        trainer.train()
+    history = [entry for entry in trainer.state.log_history if "reward/nonfinite" in entry]
+    assert [entry["reward/nonfinite"] for entry in history] == [2.0, 2.0]
+    for entry, returned in zip(history, reward.returned):
+        # TRL's `rewards/poisoned/mean` is the mean over the rows it scored (NaN-ignoring): the zeros count, Nones not.
+        scored = [0.0 if not math.isfinite(r) else r for r in returned if r is not None]
+        assert entry["rewards/poisoned/mean"] == pytest.approx(sum(scored) / len(scored))
+        assert math.isfinite(entry["reward"])
+    warnings = log.matching("returned")
+    assert len(warnings) == 1 and warnings[0][1].startswith("The reward function 'poisoned' returned nan for sample 0")
+    assert "Scored 0 (nonfinite_rewards='zero'" in warnings[0][1]
+
+
+# --- skipped steps ------------------------------------------------------------------------------------------------
+
+
+def test_skipped_step_warning_after_exactly_n_consecutive_steps():
+    watch = SkippedStepWatch(after=3)
+    rejected = group_outcomes(torch.tensor([0.0] * 8 + [1.0] * 4), G)  # 2 groups all fail, 1 all solve
+    due = [watch.observe(skipped, rejected) for skipped in [True, True, False, True, True, True, True, True]]
+    assert [bool(m) for m in due] == [False, False, False, False, False, True, False, False]  # once, at the 3rd in a row
+    message = due[5][0]
+    assert message.startswith("The last 3 optimizer steps were all skipped")
+    assert "of 3 groups 2 had every sample fail and 1 every sample solved." in message
+    masked = SkippedStepWatch(after=1).observe(True, group_outcomes(torch.tensor([0.0, 1.0, 0.0, 1.0]), G))
+    assert "mask_truncated_completions=True" in masked[0]
+    assert SkippedStepWatch(after=0).observe(True, rejected) == []
+
+
+def test_a_run_whose_steps_are_all_skipped_says_why(tmp_path):
+    """Every group rejected (the reward is always 0): the warning comes at the end of the 2nd skipped step, once."""
+    tokenizer = tiny_tokenizer()
+    args = OR1Config(**tiny_training_args(tmp_path, max_steps=3, skipped_steps_warning=2))
+    data = Dataset.from_dict({"prompt": [f"Q: {i}+{i}=? A:" for i in range(8)]})
+    trainer = OR1Trainer(tiny_model(tokenizer), lambda completions, **kw: [0.0] * len(completions), args=args,
+                         train_dataset=data, processing_class=tokenizer)
+    with TrainerLog() as log:
+        log.trainer = trainer
+        trainer.train()
+    assert trainer.or1_skipped_steps == 3
+    warnings = log.matching("optimizer steps were all skipped")
+    assert [step for step, _ in warnings] == [1]  # given inside step 2 (one step completed before it), not repeated
+    assert "of 2 groups 2 had every sample fail and 0 every sample solved" in warnings[0][1]
