@@ -12,6 +12,7 @@ equations, on the KEPT rows only (a batch whose last group is rejected), plus α
     GSPO     ρ_i = exp(mean_t log ρ_it) for every token of row i
 """
 
+import os
 import warnings
 
 import pytest
@@ -269,3 +270,72 @@ def test_only_undefined_combinations_are_refused(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
         OR1Config(**tiny_training_args(tmp_path, top_entropy_quantile=0.2, top_entropy_normalization="selected", **overrides))
     OR1Config(**tiny_training_args(tmp_path, top_entropy_quantile=0.2, **overrides))  # 'all' is defined with both
+
+
+# --- `or1-trl train --reward_funcs` ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("no_such_reward", "--reward_funcs no_such_reward: neither one of TRL's reward names (accuracy_reward, "),
+        ("no_such_module.fn", "--reward_funcs no_such_module.fn: cannot import 'fn' from 'no_such_module'"),
+        ("json.nope", "--reward_funcs json.nope: cannot import 'nope' from 'json'"),
+        ("json.__doc__", "--reward_funcs json.__doc__: str is not callable"),
+    ],
+)
+def test_unknown_reward_funcs_fail_before_anything_loads(tmp_path, capsys, name, message):
+    from tests.test_cli import TINY, exit_code
+
+    code, _, err = exit_code(capsys, "train", "--config", TINY, "--reward_funcs", "think_format_reward", name,
+                             "--model_name_or_path", str(tmp_path / "no-model"), "--dataset_name", "none")
+    assert code == 2 and err.strip().splitlines()[-1].startswith(f"or1-trl train: error: {message}")
+    assert os.listdir(tmp_path) == []
+
+
+def test_reward_funcs_resolve_trl_names_and_import_paths(tmp_path, monkeypatch):
+    from trl.rewards import think_format_reward
+
+    from or1_trl.cli import resolve_reward_funcs
+
+    (tmp_path / "my_rewards.py").write_text("def length_reward(completions, **kwargs):\n    return [1.0] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    think, overlong, mine = resolve_reward_funcs(["think_format_reward", "get_soft_overlong_punishment",
+                                                  "my_rewards.length_reward"], max_completion_length=64)
+    assert think is think_format_reward and mine.__name__ == "length_reward"
+    assert (overlong.max_completion_len, overlong.soft_punish_cache) == (64, 16)
+    assert overlong(completion_ids=[[0] * 40, [0] * 56, [0] * 65]) == [0.0, -0.5, -1.0]
+
+
+@pytest.mark.parametrize("beside", [False, True])
+def test_train_with_reward_funcs_alone_or_beside_the_verifier(tmp_path, beside):
+    """`--reward_funcs` alone: only they score (no verifier, no gold column needed); beside `--reward math`: added."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.test_cli import ENV, TINY
+
+    data = tmp_path / "data"
+    data.mkdir()
+    with open(data / "train.jsonl", "w") as f:
+        for i in range(8):
+            f.write(json.dumps({"question": f"Q: {i}+1=? A:", "answer": str(i + 1)}) + "\n")
+    (tmp_path / "my_rewards.py").write_text(
+        "def length_reward(completions, **kwargs):\n    return [float(len(c) % 2) for c in completions]\n")
+    with open(TINY) as f:
+        config = [line for line in f if beside or not line.startswith("reward:")]
+    (tmp_path / "run.yaml").write_text("".join(config))
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "or1_trl.cli", "train", "--config", "run.yaml", "--prompt_column", "question",
+         "--reward_funcs", "my_rewards.length_reward", "get_soft_overlong_punishment", "--max_steps", "1",
+         "--model_name_or_path", save_tiny_model(tmp_path / "model"), "--dataset_name", str(data), "--output_dir", str(out)],
+        capture_output=True, text=True, timeout=600, env=ENV, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    with open(out / "trainer_state.json") as f:
+        logs = json.load(f)["log_history"][0]
+    rewards = {key.split("/")[1] for key in logs if key.startswith("rewards/") and key.endswith("/mean")}
+    assert rewards == {"length_reward", "soft_overlong_punishment_reward"} | ({"math_reward"} if beside else set())
+    assert "rejection/kept_group_frac" in logs and "entropy_coef" in logs
