@@ -119,6 +119,12 @@ class OR1Config(GRPOConfig):
 
     `use_liger_kernel=True` (TRL's field: Liger's Triton layer kernels, as Skywork trained with them) is CUDA-only;
     on CPU it is an error.
+
+    TRL's loss settings compose with every OR1 part: another `loss_type`, `beta > 0` and `sync_ref_model`, GSPO
+    (`importance_sampling_level="sequence"`), `off_policy_mask_threshold` — TRL's loss of that type on the kept
+    groups, plus α·H normalised like it (`or1_trl/loss.py`); such a run warns once that it is not the paper's
+    objective (`magic_departures`). Refused, as undefined: `top_entropy_normalization="selected"` with a loss type that
+    has no token count to replace, or with `beta > 0`.
     """
 
     # --- changed TRL defaults -----------------------------------------------------------------------------------

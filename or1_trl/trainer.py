@@ -1,7 +1,7 @@
 """`OR1Trainer`: Skywork-OR1's MAGIC objective (§3.1) wired into TRL's `GRPOTrainer` hooks.
 
 What TRL 1.16 already does and we use as it is: generation (local or vLLM server), Math-/code-reward calls,
-group-normalised advantages (eq. 2.5), the token-level "dapo" normaliser, PPO clipping with ε_low/ε_high, the
+group-normalised advantages (eq. 2.5), its loss (every `loss_type`, "dapo" by default), PPO clipping, the
 fused LM head that returns log-probs and entropies without materialising `[B, T, V]` logits, the 80/20
 high-entropy token mask (`get_high_entropy_mask`), and the checkpointing of the entropy-controller state.
 
@@ -17,9 +17,10 @@ What this class adds, hook by hook (one step k = one generation batch, on-policy
    the pool; the normaliser T_k is recounted over the kept tokens of all ranks; rows are compacted (or masked)
    before TRL shuffles and splits the batch into micro-steps. In evaluation (TRL's `eval_dataset` path) it only
    adds avg@n and pass@k per eval prompt (`evaluation.py`), logged as `eval_avg@n` / `eval_pass@k`.
-3. `_compute_loss` — **eq. 3.1**: PPO-clip per token (`loss.py`), optionally restricted to the top-ρ entropy tokens
-   (80/20 rule), plus α_k·H over every kept token, all divided by T_k; then **eq. 3.2**: the entropy controller
-   (`entropy.py`) measures e_k over all kept tokens of the step and updates c at the optimizer-step boundary.
+3. `_compute_loss` — **eq. 3.1**: TRL's own loss (PPO-clip per token for "dapo", or any other `loss_type`, β·KL,
+   GSPO, the off-policy mask; the 80/20 mask) on the kept tokens, its count of kept groups fixed (`loss.py`), plus
+   α_k·H over every kept token normalised like the loss (α Σ H / T_k for "dapo"); then **eq. 3.2**: the entropy
+   controller (`entropy.py`) measures e_k over all kept tokens of the step and updates c at the optimizer-step boundary.
 4. `_get_per_token_logps_and_entropies` — **log-prob backend** (`logprobs.py`): TRL's fused LM head computes the
    log-probs and entropies of every pass; with `logprob_backend` resolved to `"liger"`, Liger's chunked kernel runs
    inside it instead of TRL's.
@@ -422,7 +423,7 @@ class OR1Trainer(GRPOTrainer):
         rows = inputs.get(KEPT_GROUP_ROWS_KEY)
         norm = Normaliser(
             self.loss_type, share(inputs["num_items_in_batch"].clamp(min=1.0), num_processes, accumulation, steps),
-            share(rows, num_processes, accumulation, steps) if rows is not None else mask.size(0) * accumulation,
+            share(rows.clamp(min=1.0), num_processes, accumulation, steps) if rows is not None else mask.size(0) * accumulation,
             accumulation, self.max_completion_length,
         )
         scale = norm.trl_factor(mask.size(0)) if rows is not None else 1.0

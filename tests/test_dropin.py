@@ -179,6 +179,18 @@ def test_row_mean_counts_kept_rows_not_padding(model_dir, tmp_path, loss_type):
         torch.testing.assert_close(ours[name], param.grad, atol=1e-6, rtol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo"])
+def test_every_group_rejected_gives_a_zero_loss_and_gradient(model_dir, tmp_path, loss_type):
+    """A micro-step holding only a zero-weight padding row (every group rejected): loss and gradient exactly 0, not NaN."""
+    trainer = _trainer(model_dir, tmp_path, loss_type=loss_type, beta=0.04)
+    batch = {**_batch(trainer), WEIGHT_KEY: torch.zeros(8), KEPT_GROUP_ROWS_KEY: torch.tensor(0.0),
+             KEPT_ROWS_KEY: torch.tensor(0.0), "num_items_in_batch": torch.tensor(0.0)}
+    loss = trainer._compute_loss(trainer.model, batch)
+    loss.backward()
+    assert loss.item() == 0.0
+    assert all(torch.count_nonzero(p.grad) == 0 for p in trainer.model.parameters())
+
+
 @pytest.mark.parametrize("loss_type", ["cispo", "sapo", "luspo", "vespo"])
 def test_other_loss_types_are_trls_loss_on_kept_rows(model_dir, tmp_path, loss_type):
     """TRL's other loss types: ours on the batch with a rejected group = TRL's own `_compute_loss` on the kept rows
