@@ -48,6 +48,7 @@ class Normaliser:
             (TRL's row mean, every row counts) when nothing was rejected.
         accumulation: gradient-accumulation steps of the optimizer step (1 in evaluation).
         max_completion_length: L_max of `"dr_grpo"`'s normaliser.
+        num_rows: rows of the micro-batch (rejected and padding rows included).
     """
 
     loss_type: str
@@ -55,6 +56,19 @@ class Normaliser:
     rows: torch.Tensor | float
     accumulation: float
     max_completion_length: int
+    num_rows: int
+
+    @classmethod
+    def for_micro_step(cls, loss_type: str, num_items: torch.Tensor, kept_group_rows: torch.Tensor | None, num_rows: int,
+                       num_processes: int, accumulation: float, steps_per_generation: float, max_completion_length: int):
+        """From the step's counts over all ranks: `num_items` kept tokens (T_k), `kept_group_rows` rows of kept groups
+        (`None`: nothing was rejected, every row counts as in TRL). Empty counts are clamped to 1 (the loss is 0)."""
+        tokens = share(num_items.clamp(min=1.0), num_processes, accumulation, steps_per_generation)
+        if kept_group_rows is None:
+            rows = num_rows * accumulation
+        else:
+            rows = share(kept_group_rows.clamp(min=1.0), num_processes, accumulation, steps_per_generation)
+        return cls(loss_type, tokens, rows, accumulation, max_completion_length, num_rows)
 
     def __call__(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Σ over the micro-batch of `per_token` `[b, T]` on the tokens `mask` `[b, T]`, normalised as `loss_type`
@@ -75,12 +89,12 @@ class Normaliser:
             raise ValueError(f"Unknown loss_type={self.loss_type!r}; TRL 1.16's are {list(LOSS_TYPES)}.")
         return per_row.sum() / self.rows
 
-    def trl_factor(self, num_rows: int) -> torch.Tensor | float:
-        """The factor turning TRL's policy loss of this micro-batch (`num_rows` rows, each counting in its row mean,
-        rejected and padding rows included) into the mean over the kept rows; 1 for the token-normalised types (their
-        normaliser already counts only kept tokens)."""
+    def trl_factor(self) -> torch.Tensor | float:
+        """The factor turning TRL's policy loss of this micro-batch (each of its `num_rows` rows counting in its row
+        mean, rejected and padding rows included) into the mean over the kept rows; 1 for the token-normalised types
+        (their normaliser already counts only kept tokens) and when nothing was rejected."""
         if self.loss_type in ROW_MEAN_LOSSES:
-            return num_rows * self.accumulation / self.rows
+            return self.num_rows * self.accumulation / self.rows
         return 1.0
 
     def per_micro_batch(self, loss: torch.Tensor) -> torch.Tensor:

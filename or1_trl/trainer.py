@@ -420,13 +420,11 @@ class OR1Trainer(GRPOTrainer):
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
         steps = self.args.steps_per_generation if mode == "train" else 1
         num_processes = self.accelerator.num_processes
-        rows = inputs.get(KEPT_GROUP_ROWS_KEY)
-        norm = Normaliser(
-            self.loss_type, share(inputs["num_items_in_batch"].clamp(min=1.0), num_processes, accumulation, steps),
-            share(rows.clamp(min=1.0), num_processes, accumulation, steps) if rows is not None else mask.size(0) * accumulation,
-            accumulation, self.max_completion_length,
+        norm = Normaliser.for_micro_step(
+            self.loss_type, inputs["num_items_in_batch"], inputs.get(KEPT_GROUP_ROWS_KEY), mask.size(0), num_processes,
+            accumulation, steps, self.max_completion_length,
         )
-        scale = norm.trl_factor(mask.size(0)) if rows is not None else 1.0
+        scale = norm.trl_factor()
         if self.top_entropy_quantile < 1.0 and self.args.top_entropy_normalization == "selected":
             # 80/20, the official code's normaliser: the selected tokens (TRL's mask, recomputed) instead of T_k.
             selected = mask * self.get_high_entropy_mask(entropies.detach(), mask, 1 - self.top_entropy_quantile)
