@@ -191,12 +191,15 @@ def test_every_group_rejected_gives_a_zero_loss_and_gradient(model_dir, tmp_path
     assert all(torch.count_nonzero(p.grad) == 0 for p in trainer.model.parameters())
 
 
-@pytest.mark.parametrize("loss_type", ["cispo", "sapo", "luspo", "vespo"])
-def test_other_loss_types_are_trls_loss_on_kept_rows(model_dir, tmp_path, loss_type):
+@pytest.mark.parametrize("loss_type,selected", [("cispo", False), ("sapo", False), ("luspo", False), ("vespo", False),
+                                                ("cispo", True), ("vespo", True)])
+def test_other_loss_types_are_trls_loss_on_kept_rows(model_dir, tmp_path, loss_type, selected):
     """TRL's other loss types: ours on the batch with a rejected group = TRL's own `_compute_loss` on the kept rows
     alone, minus α·H aggregated like the type (cispo, vespo: / T_k; sapo: per-sequence mean; luspo: sequence sum,
-    mean over rows)."""
-    trainer = _trainer(model_dir, tmp_path, loss_type=loss_type)
+    mean over rows). The token-sum types also take the 80/20 rule's "selected" normaliser: the policy term divided
+    by the selected tokens instead of T_k."""
+    rule = dict(top_entropy_quantile=0.5, top_entropy_normalization="selected") if selected else {}
+    trainer = _trainer(model_dir, tmp_path, loss_type=loss_type, **rule)
     batch = _batch(trainer)
     kept = {**_kept(batch), "num_items_in_batch": batch["num_items_in_batch"]}
 
@@ -207,6 +210,9 @@ def test_other_loss_types_are_trls_loss_on_kept_rows(model_dir, tmp_path, loss_t
         _, entropy = _reference_logps_entropy(model, kept["prompt_ids"], kept["completion_ids"], kept["completion_mask"])
         m = kept["completion_mask"].float()
         h = entropy * m
+        if selected:  # TRL's loss is Σ over the top-half entropy tokens / T_k; the official normaliser: / selected
+            threshold = torch.quantile(entropy[m.bool()].detach(), 0.5)
+            trl = trl * m.sum() / ((entropy.detach() >= threshold) & m.bool()).sum()
         if loss_type in ("cispo", "vespo"):
             bonus = h.sum() / m.sum()
         elif loss_type == "sapo":
