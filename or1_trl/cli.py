@@ -37,6 +37,9 @@ from .data import REWARD_COLUMNS
 # or1-trl train
 # --------------------------------------------------------------------------------------------------------------
 
+# `trl grpo --reward_funcs` names (trl/scripts/grpo.py, from `trl.rewards`).
+TRL_REWARD_NAMES = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
+
 @dataclass
 class ScriptArguments:
     """Data arguments of `or1-trl train`."""
@@ -59,12 +62,21 @@ class ScriptArguments:
             "whose gold is reward_model.ground_truth."
         },
     )
-    reward: str = field(
-        default="auto",
+    reward: str | None = field(
+        default=None,
         metadata={
             "help": "Verifier: 'math' (Math-Verify, paper §7.1), 'code' (sandbox, §7.2), or 'auto': each row by its "
-            "'ability' column (the released format: math and code rows in one run); without one, math.",
+            "'ability' column (the released format: math and code rows in one run); without one, math. Default: "
+            "auto, or none when --reward_funcs is given alone.",
             "choices": ["auto", "math", "code"],
+        },
+    )
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": f"Reward functions as `trl grpo` takes them: TRL's names ({', '.join(TRL_REWARD_NAMES)}; the "
+            "last with max_completion_len = --max_completion_length) or module.function import paths (the current "
+            "directory is importable). Alone: they score the completions; beside --reward: added to the verifier's."
         },
     )
     difficulty_model: str | None = field(
@@ -88,6 +100,8 @@ class ScriptArguments:
     )
 
     def __post_init__(self):
+        if self.reward is None and not self.reward_funcs:
+            self.reward = "auto"
         if self.answer_column is None:
             self.answer_column = REWARD_COLUMNS["code" if self.reward == "code" else "math"]
 
@@ -134,6 +148,37 @@ def model_path_problem(name: str) -> str | None:
     return None
 
 
+def resolve_reward_funcs(names: list[str], max_completion_length: int) -> list[Callable]:
+    """`--reward_funcs` as `trl grpo` resolves them (TRL exposes no resolver): a name of `TRL_REWARD_NAMES` from
+    `trl.rewards`, or `module.function` imported with the current directory on `sys.path`. A `ValueError` names the
+    first that is neither; nothing else is loaded."""
+    import importlib
+
+    funcs = []
+    for name in names:
+        if name in TRL_REWARD_NAMES:
+            import trl.rewards
+
+            func = getattr(trl.rewards, name)
+            if name == "get_soft_overlong_punishment":  # a factory: `trl grpo` fixes 1280 / 256; we use the run's length
+                func = func(max_completion_len=max_completion_length, soft_punish_cache=min(256, max_completion_length // 4))
+        elif "." in name.strip("."):
+            module, attr = name.rsplit(".", 1)
+            if os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            try:
+                func = getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError) as exc:
+                raise ValueError(f"--reward_funcs {name}: cannot import {attr!r} from {module!r} ({exc})") from None
+        else:
+            raise ValueError(f"--reward_funcs {name}: neither one of TRL's reward names ({', '.join(TRL_REWARD_NAMES)}) "
+                             "nor a module.function import path")
+        if not callable(func):
+            raise ValueError(f"--reward_funcs {name}: {type(func).__name__} is not callable")
+        funcs.append(func)
+    return funcs
+
+
 def train_parser(prog: str | None = "or1-trl train"):
     """TRL's parser for the training arguments: `ScriptArguments`, `OR1Config`, `ModelConfig`, plus `--config`."""
     from trl import ModelConfig, TrlParser
@@ -150,7 +195,7 @@ def train_parser(prog: str | None = "or1-trl train"):
 
 
 def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> None:
-    """Train with the MAGIC recipe on `--dataset_name`, scored by the `--reward` verifier."""
+    """Train with the MAGIC recipe on `--dataset_name`, scored by the `--reward` verifier and/or `--reward_funcs`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = train_parser(prog)
     script_args, training_args, model_args, config_unknown, cli_unknown = parser.parse_args_and_config(
@@ -163,6 +208,12 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
         parser.error(f"unknown keys in the --config file: {', '.join(keys)}")
     if script_args.problem():
         parser.error(script_args.problem())
+    try:
+        extra_rewards = resolve_reward_funcs(script_args.reward_funcs or [], training_args.max_completion_length)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if script_args.reward is None and script_args.difficulty_model:
+        parser.error("--difficulty_model filters rows as the verifier reads them: give --reward (e.g. auto) with it")
     builtin = model_args.model_name_or_path is None and script_args.dataset_name is None
     if builtin and script_args.reward == "code":
         parser.error("without --model_name_or_path and --dataset_name, training uses the demo's tiny model and "
@@ -188,10 +239,18 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
         from .demo import demo_model_and_data
 
         model, tokenizer, dataset = demo_model_and_data(os.path.join(training_args.output_dir, "sft"), seed=training_args.seed)
-        reward_funcs = math_reward
+        reward_funcs = [math_reward] if script_args.reward else []
     else:
         model, tokenizer = model_args.model_name_or_path, None
         dataset = load_dataset(script_args.dataset_name, script_args.dataset_config, split=script_args.dataset_train_split)
+    if not builtin and script_args.reward is None:  # --reward_funcs alone: they read the dataset's own columns
+        if script_args.prompt_column not in dataset.column_names:
+            parser.error(f"dataset {script_args.dataset_name!r} has no column {script_args.prompt_column!r} "
+                         f"(columns: {dataset.column_names}); training generates from the prompt in --prompt_column")
+        if script_args.prompt_column != "prompt":
+            dataset = dataset.rename_column(script_args.prompt_column, "prompt")
+        reward_funcs = []
+    elif not builtin:
         try:
             dataset, abilities, report = training_dataset(
                 dataset, reward=script_args.reward, prompt_column=script_args.prompt_column,
@@ -204,7 +263,8 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
         if training_args.process_index == 0:
             print("\n".join(report), flush=True)
         single = {"math": math_reward, "code": code_reward}
-        reward_funcs = single[abilities[0]] if len(abilities) == 1 else mixed_rewards(abilities)
+        reward_funcs = [single[abilities[0]] if len(abilities) == 1 else mixed_rewards(abilities)]
+    reward_funcs = reward_funcs + extra_rewards
 
     training_args.model_init_kwargs = {
         **(training_args.model_init_kwargs or {}),

@@ -12,6 +12,7 @@ from trl import GRPOConfig
 
 from .entropy import ENTROPY_PRESETS
 from .logprobs import LOGPROB_BACKENDS, liger_available
+from .loss import TOKEN_SUM_LOSSES
 from .stages import Stage, parse_stages, validate_stages
 
 REJECTION_MODES = ("compact", "mask", "off")
@@ -137,6 +138,12 @@ class OR1Config(GRPOConfig):
 
     `use_liger_kernel=True` (TRL's field: Liger's Triton layer kernels, as Skywork trained with them) is CUDA-only;
     on CPU it is an error.
+
+    TRL's loss settings compose with every OR1 part: another `loss_type`, `beta > 0` and `sync_ref_model`, GSPO
+    (`importance_sampling_level="sequence"`), `off_policy_mask_threshold` — TRL's loss of that type on the kept
+    groups, plus α·H normalised like it (`or1_trl/loss.py`); such a run warns once that it is not the paper's
+    objective (`magic_departures`). Refused, as undefined: `top_entropy_normalization="selected"` with a loss type that
+    has no token count to replace, or with `beta > 0`.
     """
 
     # --- changed TRL defaults -----------------------------------------------------------------------------------
@@ -387,6 +394,24 @@ class OR1Config(GRPOConfig):
         """N_SGD: optimizer steps taken on one rollout batch (1 = on-policy, the paper's default)."""
         return self.num_iterations * self.steps_per_generation / self.gradient_accumulation_steps
 
+    def magic_departures(self) -> list[str]:
+        """The TRL settings of this config that change the MAGIC objective (eq. 3.1), each with what MAGIC has.
+
+        OR1's parts (rejection and refill, adaptive entropy, stages, the prompt pool) still apply with each of them:
+        TRL's loss of that type on the kept groups, plus α·H normalised like it (`or1_trl/loss.py`)."""
+        departures = []
+        if self.loss_type != "dapo":
+            departures.append(f"loss_type={self.loss_type!r} (MAGIC: 'dapo', one token-level mean over T_k)")
+        if self.beta != 0.0:
+            departures.append(f"beta={self.beta} (MAGIC: no KL term)")
+        if self.sync_ref_model:
+            departures.append("sync_ref_model=True (MAGIC: no reference model)")
+        if self.importance_sampling_level != "token":
+            departures.append(f"importance_sampling_level={self.importance_sampling_level!r} (MAGIC: per-token ratios)")
+        if self.off_policy_mask_threshold is not None:
+            departures.append(f"off_policy_mask_threshold={self.off_policy_mask_threshold} (MAGIC: no off-policy mask)")
+        return departures
+
     def _validate_or1(self):
         for name, allowed in (
             ("rejection_sampling", REJECTION_MODES),
@@ -435,20 +460,22 @@ class OR1Config(GRPOConfig):
                 f"The initial entropy coefficient entropy_coef={self.entropy_coef} (c_0) lies outside "
                 f"[entropy_coef_min, entropy_coef_max] = [{self.entropy_coef_min}, {self.entropy_coef_max}]."
             )
-        if self.or1_loss_enabled:
-            unsupported = {
-                "loss_type": (self.loss_type, "dapo", "the MAGIC loss is the token-level PPO-clip loss"),
-                "beta": (self.beta, 0.0, "the MAGIC recipe has no KL term"),
-                "importance_sampling_level": (self.importance_sampling_level, "token", "ratios are per token"),
-                "off_policy_mask_threshold": (self.off_policy_mask_threshold, None, "not part of MAGIC"),
-            }
-            for name, (value, required, why) in unsupported.items():
-                if value != required:
-                    raise ValueError(
-                        f"{name}={value!r} is not supported with the OR1 objective ({why}); set {name}={required!r}, "
-                        "or switch every OR1 feature off (rejection_sampling='off', use_adaptive_entropy=False, "
-                        "entropy_coef=0.0) to get TRL's GRPO loss unchanged."
-                    )
+        if self.or1_loss_enabled and self.top_entropy_quantile < 1.0 and self.top_entropy_normalization == "selected":
+            # The only OR1 part that is not defined with every TRL setting: it replaces a token count.
+            if self.loss_type not in TOKEN_SUM_LOSSES:
+                raise ValueError(
+                    f"top_entropy_normalization='selected' replaces the token count T_k of a token-level loss by the "
+                    f"selected tokens; loss_type={self.loss_type!r} has no such count (it averages per row or per "
+                    f"micro-batch). Use top_entropy_normalization='all', or loss_type in {list(TOKEN_SUM_LOSSES)}."
+                )
+            if self.beta != 0.0:
+                raise ValueError(
+                    f"top_entropy_normalization='selected' would also rescale TRL's KL term (beta={self.beta}), which "
+                    "covers every token, not the selected ones. Use top_entropy_normalization='all', or beta=0.0."
+                )
+        departures = self.magic_departures()
+        if departures:
+            warnings.warn(f"not the paper's objective: {'; '.join(departures)}.", UserWarning, stacklevel=3)
         if self.use_adaptive_entropy and self.sgd_steps_per_rollout > 2:
             warnings.warn(
                 f"Adaptive entropy control with {self.sgd_steps_per_rollout:g} SGD steps per rollout batch: the "

@@ -1,7 +1,7 @@
 """`OR1Trainer`: Skywork-OR1's MAGIC objective (§3.1) wired into TRL's `GRPOTrainer` hooks.
 
 What TRL 1.16 already does and we use as it is: generation (local or vLLM server), Math-/code-reward calls,
-group-normalised advantages (eq. 2.5), the token-level "dapo" normaliser, PPO clipping with ε_low/ε_high, the
+group-normalised advantages (eq. 2.5), its loss (every `loss_type`, "dapo" by default), PPO clipping, the
 fused LM head that returns log-probs and entropies without materialising `[B, T, V]` logits, the 80/20
 high-entropy token mask (`get_high_entropy_mask`), and the checkpointing of the entropy-controller state.
 
@@ -21,9 +21,10 @@ What this class adds, hook by hook (one step k = one generation batch, on-policy
    the pool; the normaliser T_k is recounted over the kept tokens of all ranks; rows are compacted (or masked)
    before TRL shuffles and splits the batch into micro-steps. In evaluation (TRL's `eval_dataset` path) it only
    adds avg@n and pass@k per eval prompt (`evaluation.py`), logged as `eval_avg@n` / `eval_pass@k`.
-3. `_compute_loss` — **eq. 3.1**: PPO-clip per token (`loss.py`), optionally restricted to the top-ρ entropy tokens
-   (80/20 rule), plus α_k·H over every kept token, all divided by T_k; then **eq. 3.2**: the entropy controller
-   (`entropy.py`) measures e_k over all kept tokens of the step and updates c at the optimizer-step boundary.
+3. `_compute_loss` — **eq. 3.1**: TRL's own loss (PPO-clip per token for "dapo", or any other `loss_type`, β·KL,
+   GSPO, the off-policy mask; the 80/20 mask) on the kept tokens, its count of kept groups fixed (`loss.py`), plus
+   α_k·H over every kept token normalised like the loss (α Σ H / T_k for "dapo"); then **eq. 3.2**: the entropy
+   controller (`entropy.py`) measures e_k over all kept tokens of the step and updates c at the optimizer-step boundary.
 4. `_get_per_token_logps_and_entropies` — **log-prob backend** (`logprobs.py`): TRL's fused LM head computes the
    log-probs and entropies of every pass; with `logprob_backend` resolved to `"liger"`, Liger's chunked kernel runs
    inside it instead of TRL's.
@@ -65,7 +66,7 @@ from .entropy import AdaptiveEntropyController
 from .evaluation import group_pass_at_k
 from .evaluation import read_summary as read_eval_summary
 from .logprobs import liger_lm_head, resolve_logprob_backend
-from .loss import ppo_clip_per_token_loss, sampled_token_entropy
+from .loss import Normaliser, sampled_token_entropy, selected_tokens_normaliser, share
 from .observability import (
     EntropyWatch,
     SaveFinalState,
@@ -82,22 +83,10 @@ from .weight_sync import generation_backend
 
 logger = logging.get_logger(__name__)
 
-# Batch entries TRL forwards to the model besides ids and masks (multimodal models).
-_FORWARD_KEYS = (
-    "pixel_values",
-    "image_grid_thw",
-    "num_images",
-    "pixel_attention_mask",
-    "spatial_shapes",
-    "num_tiles",
-    "image_sizes",
-    "token_type_ids",
-    "mm_token_type_ids",
-    "image_position_ids",
-)
 OR1_STATE_FILE = "or1_state.json"
 TRL_ENTROPY_STATE_FILE = "entropy_ctrl_state.json"  # written by GRPOTrainer._save_checkpoint
 KEPT_ROWS_KEY = "or1_kept_rows"  # rows with at least one trainable token, over all ranks (batch-level scalar)
+KEPT_GROUP_ROWS_KEY = "or1_kept_group_rows"  # rows of kept groups, over all ranks (with rejection; batch-level scalar)
 INDEX_COLUMN = "or1_index"  # added to the train dataset: the row's index, for per-prompt statistics
 PROMPTS_STATE_FILE = "or1_prompts.json"  # pool, sampler position, size of prompt_stats.jsonl
 PROMPT_STATS_STATE_FILE = "or1_prompt_stats.json"  # the aggregate per-prompt statistics
@@ -143,6 +132,7 @@ class OR1Trainer(GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "or1"]
+    _policy_pass = None  # inside `_compute_loss`: the outputs of TRL's policy pass
     _name = "OR1"
     # The card TRL writes cites the seed papers, then GRPO's (DeepSeekMath).
     _paper = {**model_card.PAPER, "citation": f"{model_card.CITATIONS}\n\n{GRPOTrainer._paper['citation']}"}
@@ -316,13 +306,16 @@ class OR1Trainer(GRPOTrainer):
             else:
                 batch = mask_batch(batch, keep_rows)
 
-        # T_k: every trainable token of the kept groups, over all ranks (eq. 3.1's normaliser); and the rows that
-        # hold them (the 80/20 "selected" normaliser weighs micro-steps by their share of these rows).
+        # T_k: every trainable token of the kept groups, over all ranks (eq. 3.1's normaliser); the rows that hold
+        # them (the 80/20 "selected" normaliser weighs micro-steps by their share of these rows); the kept groups' rows
+        # (what the row-mean loss types count, `loss.Normaliser`).
         mask = self._loss_mask(batch)  # [b, T]
-        local = torch.stack([mask.sum(), (mask.sum(dim=1) > 0).sum().float()])  # [2]
-        kept_tokens, kept_rows = self.accelerator.gather(local).view(-1, 2).sum(dim=0)
-        batch["num_items_in_batch"] = kept_tokens
-        batch[KEPT_ROWS_KEY] = kept_rows
+        weight = batch.get(WEIGHT_KEY, torch.ones_like(mask[:, 0]))  # [b]
+        local = torch.stack([mask.sum(), (mask.sum(dim=1) > 0).sum().float(), weight.sum()])  # [3]
+        kept_tokens, kept_rows, group_rows = self.accelerator.gather(local).view(-1, 3).sum(dim=0)
+        batch["num_items_in_batch"], batch[KEPT_ROWS_KEY] = kept_tokens, kept_rows
+        if WEIGHT_KEY in batch:
+            batch[KEPT_GROUP_ROWS_KEY] = group_rows
         # Nothing to train on anywhere (every group rejected, or every completion masked, e.g. all truncated with
         # mask_truncated_completions): the step runs its zero-weight backward passes and then skips the update.
         self._skip_update = kept_tokens.item() == 0
@@ -443,10 +436,11 @@ class OR1Trainer(GRPOTrainer):
     # pass goes through here: the policy's, the old policy's and the reference model's.
     # ---------------------------------------------------------------------------------------------------------
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        if self.logprob_backend != "liger":
-            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        with liger_lm_head():
-            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        with liger_lm_head() if self.logprob_backend == "liger" else nullcontext():
+            outputs = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if self._policy_pass is not None:  # inside `_compute_loss`: TRL's policy pass, for the entropy term
+            self._policy_pass.append(outputs)
+        return outputs
 
     # ---------------------------------------------------------------------------------------------------------
     # The MAGIC loss (eq. 3.1) and adaptive entropy control (eq. 3.2)
@@ -455,67 +449,42 @@ class OR1Trainer(GRPOTrainer):
         if not self._or1_loss_enabled:
             return super()._compute_loss(model, inputs)
         mode = "train" if self.model.training else "eval"
-        completion_ids = inputs["completion_ids"]
-        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)  # [b, P+T]
-        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)  # [b, P+T]
         mask = self._loss_mask(inputs)  # [b, T] kept tokens
         if mode == "train":
-            self.or1_rows_forwarded += completion_ids.size(0)
+            self.or1_rows_forwarded += mask.size(0)
+        # TRL's policy loss, whatever its loss_type / β / GSPO / off-policy mask, on the kept tokens (TRL's mask is
+        # completion_mask · tool_mask); its own entropy bonus off, ours below. The policy pass is kept for the bonus.
+        self._entropy_bonus_enabled, self._policy_pass = False, []
+        loss = super()._compute_loss(model, {**inputs, "tool_mask": mask})
+        (logps, entropies, aux_loss), self._policy_pass = self._policy_pass[0], None  # [b, T], [b, T], scalar
 
-        # Log-probs and full-vocabulary entropies from the fused LM head (no [b, T, V] logits; `logprob_backend`).
-        logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(  # [b, T], [b, T]
-            model,
-            input_ids,
-            attention_mask,
-            completion_ids.size(1),
-            compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled,
-            **{key: inputs.get(key) for key in _FORWARD_KEYS},
-        )
-        old_logps = inputs.get("old_per_token_logps")
-        old_logps = logps.detach() if old_logps is None else old_logps  # on-policy: π_k = π_θ at this point
-
-        per_token_loss, ratio = ppo_clip_per_token_loss(  # [b, T]
-            logps, old_logps, inputs["advantages"], self.epsilon_low, self.epsilon_high, self.args.delta
-        )
-        if self.use_vllm and self.vllm_importance_sampling_correction:
-            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
-
-        # T_k, this rank's share for this micro-step (the "dapo" normaliser: DDP averages over ranks and the
-        # micro-steps of one optimizer step add up).
+        # Counted over the kept groups only (T~_k): T_k for token-level types, the kept rows for row means.
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
+        steps = self.args.steps_per_generation if mode == "train" else 1
         num_processes = self.accelerator.num_processes
-        tokens_share = inputs["num_items_in_batch"].clamp(min=1.0) / num_processes
-        if mode == "train":
-            tokens_share = tokens_share * accumulation / self.args.steps_per_generation
-
-        # 80/20 rule: policy gradient only on the top-ρ entropy tokens of this micro-batch (quantile over all ranks,
-        # TRL's mask and the official code's rule).
-        policy_mask, policy_norm = mask, tokens_share
-        if self.top_entropy_quantile < 1.0:
-            policy_mask = mask * self.get_high_entropy_mask(entropies.detach(), mask, 1 - self.top_entropy_quantile)
-            if self.args.top_entropy_normalization == "selected":
-                # Mean over the selected tokens of the micro-batch (all ranks), weighted by the micro-batch's share of
-                # the step's kept rows: equal weights when micro-batches hold equal kept rows (the official code's
-                # average over micro-batches); a micro-batch of padding rows weighs 0 instead of diluting the others.
-                local = torch.stack([policy_mask.sum(), (mask.sum(dim=1) > 0).sum().float()]).detach()  # [2]
-                selected, rows = self.accelerator.reduce(local, reduction="sum")
-                rows_share = inputs.get(KEPT_ROWS_KEY, rows) / num_processes  # eval: this one batch
-                if mode == "train":
-                    rows_share = rows_share * accumulation / self.args.steps_per_generation
-                policy_norm = selected.clamp(min=1.0) * rows_share / rows.clamp(min=1.0)
-
-        policy_loss = (per_token_loss * policy_mask).sum() / policy_norm
+        norm = Normaliser.for_micro_step(
+            self.loss_type, inputs["num_items_in_batch"], inputs.get(KEPT_GROUP_ROWS_KEY), mask.size(0), num_processes,
+            accumulation, steps, self.max_completion_length,
+        )
+        scale = norm.trl_factor()
+        if self.top_entropy_quantile < 1.0 and self.args.top_entropy_normalization == "selected":
+            # 80/20, the official code's normaliser: the selected tokens (TRL's mask, recomputed) instead of T_k.
+            selected = mask * self.get_high_entropy_mask(entropies.detach(), mask, 1 - self.top_entropy_quantile)
+            local = torch.stack([selected.sum(), (mask.sum(dim=1) > 0).sum().float()]).detach()  # [2]
+            selected, with_tokens = self.accelerator.reduce(local, reduction="sum")
+            kept_rows = share(inputs.get(KEPT_ROWS_KEY, with_tokens), num_processes, accumulation, steps)
+            scale = norm.tokens / selected_tokens_normaliser(selected, with_tokens, kept_rows)
+        aux = self.router_aux_loss_coef * aux_loss / accumulation if self.aux_loss_enabled else 0.0
+        policy_loss = (loss - aux) * scale
         alpha = self.entropy_controller.coefficient()
-        loss = policy_loss
+        loss = policy_loss + aux
         if alpha != 0.0:  # α = 0 (the controller's usual state): no entropy term, so no entropy gradient either
-            loss = loss - alpha * (entropies * mask).sum() / tokens_share  # α·H summed over every kept token, / T_k
-        if self.aux_loss_enabled:
-            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation
+            loss = loss - alpha * norm(entropies, mask)  # α·H over every kept token, normalised like the policy term
 
         if mode == "train" and self.args.use_adaptive_entropy:
-            self._update_entropy_controller(old_logps, entropies, mask)
-        self._log_loss_metrics(mode, policy_loss, alpha, entropies, ratio, mask, inputs["advantages"])
+            old_logps = inputs.get("old_per_token_logps")
+            self._update_entropy_controller(logps.detach() if old_logps is None else old_logps, entropies, mask)
+        self._log_loss_metrics(mode, norm.per_micro_batch(policy_loss.detach()), alpha, entropies, mask)
         return loss
 
     def _update_entropy_controller(self, old_logps, entropies, mask):
@@ -536,30 +505,18 @@ class OR1Trainer(GRPOTrainer):
         if measured is not None:
             self._metrics["train"]["entropy/measured"].append(measured)
 
-    def _log_loss_metrics(self, mode, policy_loss, alpha, entropies, ratio, mask, advantages):
-        advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-        low = ((ratio < 1 - self.epsilon_low) & (advantages < 0)).float()  # [b, T]
-        high = ((ratio > 1 + self.epsilon_high) & (advantages > 0)).float()  # [b, T]
-        per_token = torch.stack([entropies.detach(), low, high, torch.maximum(low, high)])  # [4, b, T]
-        loss_nan = torch.isnan(policy_loss.detach())
-        local = torch.cat([
-            (per_token * mask).sum(dim=(1, 2)),  # [4] token-weighted sums over the kept tokens
-            mask.sum().view(1),  # [1] kept tokens
-            torch.where(loss_nan, 0.0, policy_loss.detach()).view(1),  # [1] policy loss, NaN ranks left out
-            (~loss_nan).float().view(1),  # [1] ranks with a policy loss
-        ])
-        totals = self.accelerator.reduce(local, "sum").tolist()  # one all-reduce for every metric below
-        kept = totals[4]
-        means = [t / kept for t in totals[:4]] if kept > 0 else [float("nan")] * 4
+    def _log_loss_metrics(self, mode, policy_loss, alpha, entropies, mask):
+        """Ours besides TRL's (`entropy`, `clip_ratio/*`, `kl` over the kept tokens): α, the policy part of the loss,
+        and the step's entropy over kept tokens (all ranks) for the entropy watch."""
         metrics = self._metrics[mode]
-        for key, value in zip(("entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"), means):
-            metrics[key].append(value)
         metrics["entropy/alpha"].append(alpha)
         metrics["entropy/active"].append(float(alpha != 0.0))
-        metrics["policy_loss"].append(totals[5] / totals[6] if totals[6] > 0 else float("nan"))
+        metrics["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
         if mode == "train":
             metrics["rejection/rows_forwarded"].append(float(mask.size(0)))
-            self._step_entropy = [self._step_entropy[0] + totals[0], self._step_entropy[1] + kept]
+            local = torch.stack([(entropies.detach() * mask).sum(), mask.sum()])  # [2]
+            total, kept = self.accelerator.reduce(local, "sum").tolist()
+            self._step_entropy = [self._step_entropy[0] + total, self._step_entropy[1] + kept]
 
     # ---------------------------------------------------------------------------------------------------------
     # What the run shows (`observability.py`): time split, entropy warnings

@@ -43,9 +43,9 @@ def test_released_preset_and_explicit_fields_win(tmp_path):
         (dict(entropy_coef_delta=-1.0), "entropy_coef_delta=-1.0 must be >= 0"),
         (dict(entropy_coef_min=0.5, entropy_coef_max=0.1), "must not exceed entropy_coef_max"),
         (dict(entropy_coef=2.0), r"entropy_coef=2.0 \(c_0\) lies outside"),
-        (dict(loss_type="grpo"), "loss_type='grpo' is not supported with the OR1 objective"),
-        (dict(beta=0.04), "beta=0.04 is not supported with the OR1 objective"),
-        (dict(importance_sampling_level="sequence"), "importance_sampling_level='sequence'"),
+        (dict(loss_type="grpo", top_entropy_quantile=0.2, top_entropy_normalization="selected"),
+         "loss_type='grpo' has no such count"),
+        (dict(beta=0.04, top_entropy_quantile=0.2, top_entropy_normalization="selected"), "rescale TRL's KL term"),
     ],
 )
 def test_bad_config_errors(tmp_path, overrides, message):
