@@ -342,7 +342,7 @@ def demo_parser(prog: str | None = "or1-trl demo") -> argparse.ArgumentParser:
         "step and ends with `OR1 demo: reward A -> B` (mean reward of the first and of the last 5 steps).",
     )
     parser.add_argument("--output_dir", default="outputs/or1-demo",
-                        help="where the trained model goes (the SFT warm-up in DIR/sft)")
+                        help="where the trained model and tokenizer, trainer_state.json and prompt_stats.jsonl go")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model, the data and the training")
     parser.add_argument("--max_steps", type=int, default=150, help="OR1 training steps")
     parser.add_argument("--sft_steps", type=int, default=60, help="SFT warm-up steps (answer format)")

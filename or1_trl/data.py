@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 from collections import Counter
 from typing import Any
 
@@ -528,6 +529,9 @@ def load_data(name: str | None, config: str | None = None, split: str | None = "
 
     path, files = _data_source(name, data_files)
     shown = name if name is not None else ", ".join(files)
+    json_logger = logging.getLogger("datasets.packaged_modules.json.json")
+    level = json_logger.level
+    json_logger.setLevel(logging.CRITICAL)  # it logs "Failed to load JSON ..." before raising: our error says it
     try:
         loaded = load_dataset(path, config, split=split, data_files=files)
     except (ValueError, OSError, StopIteration, ImportError) as exc:
@@ -536,7 +540,13 @@ def load_data(name: str | None, config: str | None = None, split: str | None = "
         if type(exc).__module__.split(".")[0] not in ("datasets", "pyarrow"):
             raise
         raise ValueError(f"cannot load dataset {shown!r}: {_load_failure(exc)}") from exc
+    finally:
+        json_logger.setLevel(level)
     dataset = loaded[next(iter(loaded))] if split is None else loaded
+    try:  # Arrow's JSON reader keeps bytes that are not UTF-8 in string columns; they would fail at first use
+        dataset.data.table.validate(full=True)
+    except Exception as exc:  # pyarrow.ArrowInvalid
+        raise ValueError(f"cannot load dataset {shown!r}: not UTF-8 text ({exc})") from exc
     if len(dataset) == 0:
         raise ValueError(f"dataset {shown!r} has no rows (split {split!r})")
     return dataset

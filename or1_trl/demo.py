@@ -142,8 +142,9 @@ def run_demo(output_dir: str = "outputs/or1-demo", sft_steps: int = 60, seed: in
 
 def outputs_line(output_dir: str) -> str:
     """Where the demo's outputs are."""
-    return (f"Outputs in {output_dir}: the trained model and tokenizer (AutoModelForCausalLM.from_pretrained), "
-            f"trainer_state.json and prompt_stats.jsonl; `or1-trl plot {output_dir}` draws the curves.")
+    return (f"Saved the trained model and tokenizer to {output_dir} (AutoModelForCausalLM.from_pretrained"
+            f"({output_dir!r})), with trainer_state.json and prompt_stats.jsonl; `or1-trl plot {output_dir}` draws "
+            "the curves.")
 
 
 def summary_line(rewards: list[float], window: int = 5) -> str:
