@@ -84,7 +84,8 @@ def debug() -> bool:
 def input_errors(parser: argparse.ArgumentParser, prefix: str = ""):
     """Inside: a `ValueError` or an `OSError` (a flag, a `--config` file, a dataset, a model path, an output
     directory that is wrong) ends the command as `parser.error` does, with `prefix` before the message; with
-    `OR1_DEBUG=1` it propagates with its traceback. Wrap the input phase only: training's own errors keep theirs."""
+    `OR1_DEBUG=1` it propagates with its traceback. Wrap the input phase only (parsing, loading the data, building
+    the trainer): errors raised while training keep their traceback."""
     import yaml
 
     try:
@@ -292,7 +293,8 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
         reward_funcs = math_reward
     else:
         model, tokenizer = model_args.model_name_or_path, None
-        name = script_args.dataset_name or " ".join(script_args.data_files)
+        files = script_args.data_files  # a list from the command line, maybe a string from a --config file
+        name = script_args.dataset_name or ", ".join([files] if isinstance(files, str) else files)
         with input_errors(parser):
             dataset = load_data(script_args.dataset_name, script_args.dataset_config,
                                 split=script_args.dataset_train_split, data_files=script_args.data_files)

@@ -32,8 +32,8 @@ a count. `or1-trl difficulty` writes counts for any model in the same place.
 `--dataset_name json --data_files ...`; a missing, empty or unreadable file is a one-line error.
 
 **Checks** run before a model is loaded: prompts that are neither text nor conversations, rows without a gold
-answer, malformed tests, unknown abilities or data sources (`training_dataset`, with counts), and reward columns the dataset lacks (`check_reward_columns`, when
-`OR1Trainer` is built). TRL passes every dataset column to the reward functions as a keyword argument, so a missing
+answer, malformed tests, unknown abilities or data sources (`training_dataset`, with counts), and reward columns the
+dataset lacks (`check_reward_columns`, when `OR1Trainer` is built). TRL passes every dataset column to the reward functions as a keyword argument, so a missing
 gold column would otherwise surface only after the first generation, deep inside the reward call.
 """
 
@@ -466,6 +466,8 @@ def _data_source(name: str | None, data_files) -> tuple[str, Any]:
     import os
 
     files = [data_files] if isinstance(data_files, str) else list(data_files or [])
+    if files and name is not None and name not in set(FILE_BUILDERS.values()) | {"text", "arrow"}:
+        return name, files  # paths inside a folder or a Hub repository: `load_dataset` resolves them
     if files:
         for file in filter(_is_local, files):
             if not os.path.isfile(os.path.expanduser(file)):
@@ -534,10 +536,9 @@ def load_data(name: str | None, config: str | None = None, split: str | None = "
     json_logger.setLevel(logging.CRITICAL)  # it logs "Failed to load JSON ..." before raising: our error says it
     try:
         loaded = load_dataset(path, config, split=split, data_files=files)
-    except (ValueError, OSError, StopIteration, ImportError) as exc:
-        raise ValueError(f"cannot load dataset {shown!r}: {_load_failure(exc)}") from exc
-    except Exception as exc:  # datasets' own errors (DatasetGenerationError, ...) carry the cause in their chain
-        if type(exc).__module__.split(".")[0] not in ("datasets", "pyarrow"):
+    except Exception as exc:  # the source's fault, or datasets' own errors (DatasetGenerationError: see its cause)
+        ours = isinstance(exc, (ValueError, OSError, StopIteration, ImportError))
+        if not ours and type(exc).__module__.split(".")[0] not in ("datasets", "pyarrow"):
             raise
         raise ValueError(f"cannot load dataset {shown!r}: {_load_failure(exc)}") from exc
     finally:
