@@ -64,8 +64,9 @@ class SFTProgress(TrainerCallback):
             print(f"SFT warm-up step {state.global_step}/{state.max_steps} | loss {logs['loss']:.3f}", flush=True)
 
 
-def warm_up(model, tokenizer, dataset: Dataset, output_dir: str, steps: int, seed: int):
-    """Teach the answer format with a short SFT run on prompt/completion pairs (TRL's SFTTrainer)."""
+def warm_up(model, tokenizer, dataset: Dataset, output_dir: str, steps: int, seed: int, progress: bool = False):
+    """Teach the answer format with a short SFT run on prompt/completion pairs (TRL's SFTTrainer); `progress`: print
+    its loss four times (`SFTProgress`)."""
     from trl import SFTConfig, SFTTrainer
 
     from .testing import CPU_RUN
@@ -79,7 +80,7 @@ def warm_up(model, tokenizer, dataset: Dataset, output_dir: str, steps: int, see
         lr_scheduler_type="constant",
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-                         callbacks=[SFTProgress()])
+                         callbacks=[SFTProgress()] if progress else None)
     trainer.remove_callback(PrinterCallback)
     trainer.train()
     return trainer.model
@@ -115,7 +116,7 @@ def demo_model_and_data(sft_output_dir: str, sft_steps: int = 60, seed: int = 0)
     set_seed(seed)
     model, tokenizer = tiny_model_and_tokenizer(seed=seed)
     train = addition_dataset(2000, seed=seed)
-    model = warm_up(model, tokenizer, train, sft_output_dir, sft_steps, seed)
+    model = warm_up(model, tokenizer, train, sft_output_dir, sft_steps, seed, progress=True)
     return model, tokenizer, train.remove_columns("completion")
 
 

@@ -169,6 +169,18 @@ def test_dataset_name_reads_local_files_folders_and_trls_data_files(tmp_path):
     assert args[0].data_files == ["a.jsonl", "b.jsonl"]
 
 
+def test_train_flags_need_no_bf16_or_use_cpu_without_cuda(tmp_path):
+    """`or1-trl train --model_name_or_path M --dataset_name D` parses on a CPU machine (TRL's bf16 default on would be
+    transformers' error there); on CUDA bf16 stays on."""
+    import torch
+    from transformers.utils import is_torch_bf16_gpu_available
+
+    from or1_trl.cli import train_parser
+
+    _, args, _ = train_parser().parse_args_and_config(["--dataset_name", "d", "--output_dir", str(tmp_path / "out")])
+    assert args.bf16 is (torch.cuda.is_available() or is_torch_bf16_gpu_available()) and not args.use_cpu
+
+
 def test_train_script_with_local_model_dataset_and_recipe(tmp_path):
     model_dir = save_tiny_model(tmp_path / "model")
     data_dir = tmp_path / "data"
