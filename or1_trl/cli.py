@@ -76,6 +76,15 @@ class CommandParser(ShortUsageErrors, argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+def check_output_dir(parser: argparse.ArgumentParser, output_dir: str) -> None:
+    """`parser.error` if `output_dir` is a file or cannot be written (`OR1Config` checks the trainers' own)."""
+    from .paths import output_dir_problem
+
+    problem = output_dir_problem(output_dir)
+    if problem:
+        parser.error(problem)
+
+
 def debug() -> bool:
     return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
@@ -233,7 +242,7 @@ def config_file_problem(argv: list[str]) -> str | None:
         return "--config needs a YAML file (e.g. examples/recipes/tiny_cpu.yaml)"
     path = argv[index + 1]
     if not os.path.isfile(path):
-        return f"--config {path!r}: no such file"
+        return f"--config {path!r}: {'a directory, not a file' if os.path.isdir(path) else 'no such file'}"
     try:
         with open(path, encoding="utf-8") as f:
             config = yaml.safe_load(f)
@@ -359,10 +368,7 @@ def demo(argv: list[str] | None = None, prog: str | None = "or1-trl demo") -> No
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
 
-    from .config import output_dir_problem
-
-    if output_dir_problem(args.output_dir):  # before the warm-up, not when OR1Config is built after it
-        parser.error(output_dir_problem(args.output_dir))
+    check_output_dir(parser, args.output_dir)  # before the warm-up, not when OR1Config is built after it
 
     from accelerate import PartialState
 
@@ -434,6 +440,7 @@ def prepare(argv: list[str] | None = None, prog: str | None = "or1-trl prepare")
         parser.error("--ngram must be >= 1 and --overlap_threshold in (0, 1]")
     if args.num_proc is not None and args.num_proc < 1:
         parser.error("--num_proc must be at least 1")
+    check_output_dir(parser, args.output_dir)
 
     from .data import load_data
     from .prepare import load_eval_sets, overlap_report, prepare_dataset, write_prepared
@@ -496,6 +503,7 @@ def select_examples(argv: list[str] | None = None, prog: str | None = "or1-trl s
     for name in ("top", "replicate", "show"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
+    check_output_dir(parser, args.output_dir)
 
     from .one_shot import rank_prompts, ranking_table, read_stats
     from .one_shot import select_examples as choose
@@ -581,6 +589,7 @@ def difficulty(argv: list[str] | None = None, prog: str | None = "or1-trl diffic
             parser.error(f"--{name} must be at least 1")
     if args.model is None and args.server_url is None:
         parser.error("give --model (sampled in this process) or --server_url (a vLLM server)")
+    check_output_dir(parser, args.output_dir)
     if args.model is not None and args.server_url is None:
         problem = model_path_problem(args.model)
         if problem:
@@ -712,6 +721,7 @@ def evaluate_command(argv: list[str] | None = None, prog: str | None = "or1-trl 
             output_dir = os.path.join("outputs", "eval", args.model.replace("/", "__"))
         else:
             parser.error("--output_dir is needed with --server_url and no --model")
+    check_output_dir(parser, output_dir)
 
     from .evaluation import evaluate, load_problems, summary_markdown
     from .sampling import SampleStore, make_backend

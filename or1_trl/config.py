@@ -13,6 +13,7 @@ from trl import GRPOConfig
 
 from .entropy import ENTROPY_PRESETS
 from .logprobs import LOGPROB_BACKENDS, liger_available
+from .paths import output_dir_problem
 from .stages import Stage, parse_stages, validate_stages
 
 logger = logging.get_logger(__name__)
@@ -41,27 +42,6 @@ def check_liger_layer_kernels(args) -> None:
             "Set use_liger_kernel=False. The memory-saving part of Liger, its fused log-prob/entropy head, runs on CPU "
             "too: logprob_backend='liger' (or 'auto')."
         )
-
-
-def output_dir_problem(output_dir: str) -> str | None:
-    """Why a run cannot write to `output_dir`, or `None`: it (or, if it does not exist yet, its nearest existing
-    parent) must be a directory where a file can be created. Tested by creating a temporary file, which is removed."""
-    import tempfile
-
-    path = os.path.abspath(os.path.expanduser(output_dir))
-    existing = path
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        where = "is a file" if existing == path else f"cannot be created: {existing!r} is a file"
-        return f"output_dir {output_dir!r} {where}; pass a directory"
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as exc:
-        where = "is" if existing == path else f"cannot be created: {existing!r} is"
-        return f"output_dir {output_dir!r} {where} not writable ({exc.strerror}); pass a directory you can write to"
-    return None
 
 
 def _field_default(dataclass_type, name: str):

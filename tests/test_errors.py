@@ -195,3 +195,16 @@ def test_training_script_errors_are_one_line_too(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and lines[-1].startswith("train_or1.py: error: GRPO requires at least 2 generations")
     assert lines[-2].startswith("usage: train_or1.py [options]")
+
+
+@pytest.mark.parametrize("argv", [
+    ["prepare", "--dataset_name", "FILES/empty.jsonl"],
+    ["select-examples", "--stats", "FILES/stats.jsonl", "--dataset_name", "FILES/empty.jsonl"],
+    ["difficulty", "--dataset_name", "FILES/empty.jsonl", "--model", "FILES/model"],
+    ["eval", "--model", "FILES/model", "--benchmarks", "FILES/empty.jsonl"],
+    ["demo"],
+], ids=lambda argv: argv[0])
+def test_every_command_checks_its_output_dir_first(capsys, files, argv):
+    argv = [a.replace("FILES", str(files)) for a in argv]
+    code, err = run_main(capsys, [*argv, "--output_dir", str(files / "a_file")])
+    assert_one_line_error(code, err, argv[0], f"output_dir {str(files / 'a_file')!r} is a file")
