@@ -18,20 +18,91 @@ demo). `or1-trl train`'s arguments are TRL's: an `OR1Config` (every `GRPOConfig`
 (model, dtype, LoRA) and the `ScriptArguments` below; `--config recipe.yaml` fills them from a YAML file (TRL's
 `TrlParser`).
 
+Errors: a wrong input (a flag, a `--config` file, a dataset, an output directory) ends the command with exit status
+2 and one line `or1-trl CMD: error: WHAT` under a short usage line, before the model loads where the input allows
+it: the parsers are `CommandParser`s (`ShortUsageErrors`: no 200-line option list; `allow_abbrev=False`: no
+`--max_step` taken for `--max_steps`), and `input_errors(parser)` turns the `ValueError`s / `OSError`s of the input
+phase into that line. `OR1_DEBUG=1` (or `or1-trl --debug CMD`) shows the traceback instead.
+
 Adding a command: write `def my_command(argv: list[str]) -> None` that parses `argv` with its own parser
-(`argparse.ArgumentParser(prog="or1-trl my-command")` or TRL's `TrlParser`), and add one `Command` to `COMMANDS`.
+(`CommandParser(prog="or1-trl my-command")` or `train_parser`'s TRL parser), and add one `Command` to `COMMANDS`.
 Commands import what they need inside the function, so `or1-trl --help` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from . import __version__
 from .data import REWARD_COLUMNS
+
+#: Set (to anything but "" or "0") to see the traceback of an input error instead of its one line.
+DEBUG_ENV = "OR1_DEBUG"
+
+
+def short_usage(parser: argparse.ArgumentParser) -> str:
+    """The usage line of an error: the command, its positional and required arguments, `[options]`."""
+    words = [parser.prog]
+    for action in parser._actions:  # argparse's own usage formatter walks the same list
+        if isinstance(action, argparse._SubParsersAction):
+            words.append("COMMAND ...")
+        elif not action.option_strings:
+            words.append(action.metavar or action.dest)
+        elif action.required:
+            words.append(f"{action.option_strings[0]} {action.metavar or action.dest.upper()}")
+    return " ".join(words) + f" [options]   ({parser.prog} --help: all of them)"
+
+
+class ShortUsageErrors:
+    """Parser mixin: `error()` prints `usage: <short_usage>` and one line `PROG: error: MESSAGE` (newlines folded),
+    exit 2 — argparse's format without the full option list in the usage (`or1-trl train` has 200 options)."""
+
+    def error(self, message):
+        self.exit(2, f"usage: {short_usage(self)}\n{self.prog}: error: {' '.join(str(message).split())}\n")
+
+
+class CommandParser(ShortUsageErrors, argparse.ArgumentParser):
+    """An `argparse.ArgumentParser` with short errors, without abbreviations (`--max_step` is not `--max_steps`)
+    and with the defaults shown in `--help`."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def check_output_dir(parser: argparse.ArgumentParser, output_dir: str) -> None:
+    """`parser.error` if `output_dir` is a file or cannot be written (`OR1Config` checks the trainers' own)."""
+    from .paths import output_dir_problem
+
+    problem = output_dir_problem(output_dir)
+    if problem:
+        parser.error(problem)
+
+
+def debug() -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+@contextlib.contextmanager
+def input_errors(parser: argparse.ArgumentParser, prefix: str = ""):
+    """Inside: a `ValueError` or an `OSError` (a flag, a `--config` file, a dataset, a model path, an output
+    directory that is wrong) ends the command as `parser.error` does, with `prefix` before the message; with
+    `OR1_DEBUG=1` it propagates with its traceback. Wrap the input phase only (parsing, loading the data, building
+    the trainer): errors raised while training keep their traceback."""
+    import yaml
+
+    try:
+        yield
+    except (ValueError, OSError, yaml.YAMLError) as exc:
+        if debug():
+            raise
+        parser.error(f"{prefix}{exc}" if str(exc) else f"{prefix}{type(exc).__name__}")
 
 # --------------------------------------------------------------------------------------------------------------
 # or1-trl train
@@ -45,9 +116,16 @@ class ScriptArguments:
     """Data arguments of `or1-trl train`."""
 
     dataset_name: str | None = field(
-        default=None, metadata={"help": "Dataset on the Hub or a local path/file for `datasets.load_dataset`."}
+        default=None,
+        metadata={"help": "Dataset: a Hub id, a local folder, a local .jsonl/.json/.parquet/.csv file, or a builder "
+                  "(json, parquet, csv) for --data_files."},
     )
     dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration name."})
+    data_files: list[str] | None = field(
+        default=None,
+        metadata={"help": "Local data files, TRL's form: --dataset_name json --data_files a.jsonl b.jsonl (without "
+                  "--dataset_name, the builder their extension names)."},
+    )
     dataset_train_split: str = field(
         default="train",
         metadata={"help": "Split to train on; '+' joins splits: 'math+code' for Skywork/Skywork-OR1-RL-Data, "
@@ -185,22 +263,55 @@ def train_parser(prog: str | None = "or1-trl train"):
 
     from .config import OR1Config
 
-    return TrlParser(
+    class TrainParser(ShortUsageErrors, TrlParser):
+        pass
+
+    return TrainParser(
         (ScriptArguments, OR1Config, ModelConfig),
         prog=prog,
         description="Train with the Skywork-OR1 (MAGIC) recipe: OR1Trainer = TRL's GRPOTrainer + the paper.",
         epilog="--config RECIPE.yaml sets any of these flags from a YAML file (flags given here win); see "
         "examples/recipes/. Run with `accelerate launch examples/train_or1.py ...` for several processes.",
+        allow_abbrev=False,
     )
+
+
+def config_file_problem(argv: list[str]) -> str | None:
+    """What is wrong with the `--config` file of `argv` (TRL's parser reads it with a traceback), or `None`."""
+    import yaml
+
+    if "--config" not in argv:
+        return None
+    index = argv.index("--config")
+    if index + 1 == len(argv) or argv[index + 1].startswith("--"):
+        return "--config needs a YAML file (e.g. examples/recipes/tiny_cpu.yaml)"
+    path = argv[index + 1]
+    if not os.path.isfile(path):
+        return f"--config {path!r}: {'a directory, not a file' if os.path.isdir(path) else 'no such file'}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"--config {path!r} cannot be read: {exc}"
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"--config {path!r} is not valid YAML: {getattr(exc, 'problem', None) or exc}{where}"
+    if not isinstance(config, dict):
+        return f"--config {path!r} must be a YAML mapping (flag: value lines), not {type(config).__name__}"
+    return None
 
 
 def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> None:
     """Train with the MAGIC recipe on `--dataset_name`, scored by the `--reward` verifier and/or `--reward_funcs`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = train_parser(prog)
-    script_args, training_args, model_args, config_unknown, cli_unknown = parser.parse_args_and_config(
-        argv, return_remaining_strings=True, separate_remaining_strings=True
-    )
+    if config_file_problem(argv):
+        parser.error(config_file_problem(argv))
+    with input_errors(parser):  # OR1Config's and TRL's checks of the values: one line, not a traceback
+        script_args, training_args, model_args, config_unknown, cli_unknown = parser.parse_args_and_config(
+            argv, return_remaining_strings=True, separate_remaining_strings=True
+        )
     if cli_unknown:
         parser.error(f"unrecognized arguments: {' '.join(cli_unknown)}")
     if config_unknown:
@@ -208,17 +319,16 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
         parser.error(f"unknown keys in the --config file: {', '.join(keys)}")
     if script_args.problem():
         parser.error(script_args.problem())
-    try:
+    with input_errors(parser):
         extra_rewards = resolve_reward_funcs(script_args.reward_funcs or [], training_args.max_completion_length)
-    except ValueError as exc:
-        parser.error(str(exc))
     if script_args.reward is None and script_args.difficulty_model:
         parser.error("--difficulty_model filters rows as the verifier reads them: give --reward (e.g. auto) with it")
-    builtin = model_args.model_name_or_path is None and script_args.dataset_name is None
+    data = script_args.dataset_name is not None or script_args.data_files is not None
+    builtin = model_args.model_name_or_path is None and not data
     if builtin and script_args.reward == "code":
         parser.error("without --model_name_or_path and --dataset_name, training uses the demo's tiny model and "
                      "addition prompts, which need --reward math (or auto)")
-    if not builtin and (model_args.model_name_or_path is None or script_args.dataset_name is None):
+    if not builtin and (model_args.model_name_or_path is None or not data):
         parser.error("training needs both --model_name_or_path and --dataset_name, or neither (then the demo's tiny "
                      "model and addition prompts, offline; `or1-trl demo` runs the demo itself)")
     if not builtin:
@@ -228,10 +338,9 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
         if os.path.isdir(os.path.expanduser(model_args.model_name_or_path)):
             model_args.model_name_or_path = os.path.expanduser(model_args.model_name_or_path)
 
-    from datasets import load_dataset
     from trl import get_peft_config
 
-    from .data import training_dataset
+    from .data import load_data, training_dataset
     from .rewards import code_reward, math_reward, mixed_rewards
     from .trainer import OR1Trainer
 
@@ -242,24 +351,26 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
         reward_funcs = [math_reward] if script_args.reward else []
     else:
         model, tokenizer = model_args.model_name_or_path, None
-        dataset = load_dataset(script_args.dataset_name, script_args.dataset_config, split=script_args.dataset_train_split)
+        files = script_args.data_files  # a list from the command line, maybe a string from a --config file
+        name = script_args.dataset_name or ", ".join([files] if isinstance(files, str) else files)
+        with input_errors(parser):
+            dataset = load_data(script_args.dataset_name, script_args.dataset_config,
+                                split=script_args.dataset_train_split, data_files=script_args.data_files)
     if not builtin and script_args.reward is None:  # --reward_funcs alone: they read the dataset's own columns
         if script_args.prompt_column not in dataset.column_names:
-            parser.error(f"dataset {script_args.dataset_name!r} has no column {script_args.prompt_column!r} "
+            parser.error(f"dataset {name!r} has no column {script_args.prompt_column!r} "
                          f"(columns: {dataset.column_names}); training generates from the prompt in --prompt_column")
         if script_args.prompt_column != "prompt":
             dataset = dataset.rename_column(script_args.prompt_column, "prompt")
         reward_funcs = []
     elif not builtin:
-        try:
+        with input_errors(parser, prefix=f"dataset {name!r} "):
             dataset, abilities, report = training_dataset(
                 dataset, reward=script_args.reward, prompt_column=script_args.prompt_column,
                 answer_column=script_args.answer_column, difficulty_model=script_args.difficulty_model,
                 difficulty_range=script_args.difficulty_range, drop_invalid=script_args.drop_invalid_rows,
                 num_proc=script_args.dataset_num_proc,
             )
-        except ValueError as exc:
-            parser.error(f"dataset {script_args.dataset_name!r} {exc}")
         if training_args.process_index == 0:
             print("\n".join(report), flush=True)
         single = {"math": math_reward, "code": code_reward}
@@ -272,14 +383,15 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
         "dtype": model_args.dtype,
         "attn_implementation": model_args.attn_implementation,
     }
-    trainer = OR1Trainer(
-        model=model,
-        reward_funcs=reward_funcs,
-        args=training_args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
-    )
+    with input_errors(parser):  # the dataset's columns against the rewards, the model's files
+        trainer = OR1Trainer(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=training_args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=get_peft_config(model_args),
+        )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
     if training_args.push_to_hub:
@@ -292,15 +404,14 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
 
 
 def demo_parser(prog: str | None = "or1-trl demo") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=prog,
         description="The offline demo: a tiny model (built in-process, no network) gets an SFT warm-up on the answer "
         "format, then learns small additions with OR1Trainer and the MAGIC defaults, on CPU. Prints one line per "
         "step and ends with `OR1 demo: reward A -> B` (mean reward of the first and of the last 5 steps).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        allow_abbrev=False,
     )
-    parser.add_argument("--output_dir", default="outputs/or1-demo", help="where the trainers write (SFT in DIR/sft)")
+    parser.add_argument("--output_dir", default="outputs/or1-demo",
+                        help="where the trained model and tokenizer, trainer_state.json and prompt_stats.jsonl go")
     parser.add_argument("--seed", type=int, default=0, help="seed of the model, the data and the training")
     parser.add_argument("--max_steps", type=int, default=150, help="OR1 training steps")
     parser.add_argument("--sft_steps", type=int, default=60, help="SFT warm-up steps (answer format)")
@@ -315,12 +426,15 @@ def demo(argv: list[str] | None = None, prog: str | None = "or1-trl demo") -> No
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
 
+    check_output_dir(parser, args.output_dir)  # before the warm-up, not when OR1Config is built after it
+
     from accelerate import PartialState
 
-    from .demo import run_demo, summary_line
+    from .demo import outputs_line, run_demo, summary_line
 
     rewards = run_demo(args.output_dir, sft_steps=args.sft_steps, seed=args.seed, max_steps=args.max_steps)
-    if PartialState().is_main_process:  # one line per run, not one per rank
+    if PartialState().is_main_process:  # one line each per run, not one per rank
+        print(outputs_line(args.output_dir), flush=True)
         print(summary_line(rewards), flush=True)
 
 
@@ -331,8 +445,7 @@ def demo(argv: list[str] | None = None, prog: str | None = "or1-trl demo") -> No
 
 def dataset_command_parser(prog: str | None, description: str, dataset_help: str, split_help: str) -> argparse.ArgumentParser:
     """The parser of a command that reads one dataset split: `--dataset_name`, `--dataset_config`, `--split`."""
-    parser = argparse.ArgumentParser(prog=prog, description=description,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    parser = CommandParser(prog=prog, description=description)
     parser.add_argument("--dataset_name", required=True, help=dataset_help)
     parser.add_argument("--dataset_config", default=None, help="dataset configuration name")
     parser.add_argument("--split", default="train", help=split_help)
@@ -350,7 +463,7 @@ def prepare_parser(prog: str | None = "or1-trl prepare") -> argparse.ArgumentPar
         "re-verified against a reference solution with Math-Verify. Prints rows in, rows removed by each step and "
         "rows out; writes the kept rows (unchanged) to OUTPUT_DIR/data/SPLIT-00000-of-00001.parquet and the removed "
         "ones with their reason to OUTPUT_DIR/removed-SPLIT.jsonl. The released (verl) format is understood.",
-        "Hub dataset or local path/file (`datasets.load_dataset`)",
+        "Hub dataset, local folder or local .jsonl/.json/.parquet/.csv file",
         "split to prepare (e.g. 'math' of Skywork/Skywork-OR1-RL-Data)",
     )
     parser.add_argument("--output_dir", required=True, help="where the kept and the removed rows go")
@@ -385,12 +498,13 @@ def prepare(argv: list[str] | None = None, prog: str | None = "or1-trl prepare")
         parser.error("--ngram must be >= 1 and --overlap_threshold in (0, 1]")
     if args.num_proc is not None and args.num_proc < 1:
         parser.error("--num_proc must be at least 1")
+    check_output_dir(parser, args.output_dir)
 
-    from datasets import load_dataset
-
+    from .data import load_data
     from .prepare import load_eval_sets, overlap_report, prepare_dataset, write_prepared
 
-    dataset = load_dataset(args.dataset_name, args.dataset_config, split=args.split)
+    with input_errors(parser):
+        dataset = load_data(args.dataset_name, args.dataset_config, split=args.split)
     if args.problem_column not in dataset.column_names:
         parser.error(f"dataset {args.dataset_name!r} has no column {args.problem_column!r} (columns: "
                      f"{dataset.column_names}); name the problem's column with --problem_column")
@@ -447,6 +561,7 @@ def select_examples(argv: list[str] | None = None, prog: str | None = "or1-trl s
     for name in ("top", "replicate", "show"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
+    check_output_dir(parser, args.output_dir)
 
     from .one_shot import rank_prompts, ranking_table, read_stats
     from .one_shot import select_examples as choose
@@ -455,12 +570,11 @@ def select_examples(argv: list[str] | None = None, prog: str | None = "or1-trl s
         ranking = rank_prompts(read_stats(args.stats))
     except ValueError as exc:
         parser.error(str(exc))
-    from datasets import load_dataset
-
     from .checkpoint import write_json_atomic
-    from .data import prompt_text, save_split
+    from .data import load_data, prompt_text, save_split
 
-    dataset = load_dataset(args.dataset_name, args.dataset_config, split=args.split)
+    with input_errors(parser):
+        dataset = load_data(args.dataset_name, args.dataset_config, split=args.split)
     if args.prompt_column not in dataset.column_names:
         parser.error(f"dataset {args.dataset_name!r} has no column {args.prompt_column!r} (columns: "
                      f"{dataset.column_names})")
@@ -494,7 +608,7 @@ def difficulty_parser(prog: str | None = "or1-trl difficulty") -> argparse.Argum
         "extra_info.model_difficulty[MODEL_NAME] (the released data's layout) and the prompts solved 1..N-1 times "
         "are written to OUTPUT_DIR/data/SPLIT-00000-of-00001.parquet. Interrupted, it resumes from "
         "OUTPUT_DIR/samples-*.jsonl without redoing finished prompts.",
-        "Hub dataset or local path/file (`datasets.load_dataset`)",
+        "Hub dataset, local folder or local .jsonl/.json/.parquet/.csv file",
         "split to estimate ('+' joins splits: 'math+code')",
     )
     parser.add_argument("--output_dir", required=True, help="samples (resumable) and the dataset with the counts")
@@ -533,6 +647,7 @@ def difficulty(argv: list[str] | None = None, prog: str | None = "or1-trl diffic
             parser.error(f"--{name} must be at least 1")
     if args.model is None and args.server_url is None:
         parser.error("give --model (sampled in this process) or --server_url (a vLLM server)")
+    check_output_dir(parser, args.output_dir)
     if args.model is not None and args.server_url is None:
         problem = model_path_problem(args.model)
         if problem:
@@ -540,13 +655,12 @@ def difficulty(argv: list[str] | None = None, prog: str | None = "or1-trl diffic
         if os.path.isdir(os.path.expanduser(args.model)):
             args.model = os.path.expanduser(args.model)
 
-    from datasets import load_dataset
-
-    from .data import save_split, training_dataset
+    from .data import load_data, save_split, training_dataset
     from .difficulty import estimate_difficulty
     from .sampling import make_backend
 
-    dataset = load_dataset(args.dataset_name, args.dataset_config, split=args.split)
+    with input_errors(parser):
+        dataset = load_data(args.dataset_name, args.dataset_config, split=args.split)
     try:  # rows that cannot be scored: an error before the model loads
         training_dataset(dataset, reward=args.reward, prompt_column=args.prompt_column, answer_column=args.answer_column)
     except ValueError as exc:
@@ -576,13 +690,11 @@ EVAL_PRESETS = {"paper": (1.0, 1.0), "open-r1": (0.6, 0.95)}
 def eval_parser(prog: str | None = "or1-trl eval") -> argparse.ArgumentParser:
     from .evaluation import BENCHMARKS, DEFAULT_PROMPT_TEMPLATE
 
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=prog,
         description="Evaluate a model on math benchmarks: avg@n, unbiased pass@k and maj@n, each with a bootstrap "
         "interval over problems, and the sampling standard error of avg@n. Writes one JSONL record per problem "
         "(resumable: finished problems are not sampled again), eval_summary.json and eval_summary.md.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        allow_abbrev=False,
     )
     source = parser.add_argument_group("model and generation backend")
     source.add_argument("--model", help="local model directory or Hub id (required unless --server_url is given)")
@@ -667,6 +779,7 @@ def evaluate_command(argv: list[str] | None = None, prog: str | None = "or1-trl 
             output_dir = os.path.join("outputs", "eval", args.model.replace("/", "__"))
         else:
             parser.error("--output_dir is needed with --server_url and no --model")
+    check_output_dir(parser, output_dir)
 
     from .evaluation import evaluate, load_problems, summary_markdown
     from .sampling import SampleStore, make_backend
@@ -722,13 +835,11 @@ def serve(argv: list[str]) -> None:
 
 def plot(argv: list[str]) -> None:
     """PNG figures of a run's curves (`or1_trl/plot.py`), from the trainer_state.json it wrote."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="or1-trl plot",
         description="Plot a training run: entropy vs its target with stage boundaries, training accuracy (all and "
         "non-truncated) and truncation ratio, the step's time split per stage, the prompt pool. Reads the newest "
         "trainer_state.json in OUTPUT_DIR or its checkpoint-N folders; writes PNG files.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        allow_abbrev=False,
     )
     parser.add_argument("output_dir", help="the run's output_dir")
     parser.add_argument("--out", default=None, help="where to write the PNGs (default: OUTPUT_DIR/plots)")
@@ -782,12 +893,15 @@ COMMANDS: list[Command] = [
 
 
 def build_parser(commands: list[Command] = COMMANDS) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="or1-trl",
         description="The Skywork-OR1 (MAGIC) recipe on top of Hugging Face TRL.",
         epilog="Run `or1-trl COMMAND --help` for the arguments of a command.",
-        allow_abbrev=False,
+        formatter_class=argparse.HelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"or1-trl {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help=f"show the traceback of an input error instead of its one line (as {DEBUG_ENV}=1)")
     subparsers = parser.add_subparsers(title="commands", dest="command", required=True)
     for command in commands:
         # The command's own parser reads its arguments (and its --help): nothing is parsed here.
@@ -798,10 +912,13 @@ def build_parser(commands: list[Command] = COMMANDS) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args, _ = parser.parse_known_args(argv)  # exits for --help, a missing or an unknown command
+    args, _ = parser.parse_known_args(argv)  # exits for --help, --version, a missing or an unknown command
     index = argv.index(args.command)
-    if index:  # e.g. `or1-trl --verbose demo`: only --help goes before the command
-        parser.error(f"unrecognized arguments: {' '.join(argv[:index])}")
+    before = [arg for arg in argv[:index] if arg != "--debug"]
+    if before:  # e.g. `or1-trl --verbose demo`: only --help, --version and --debug go before the command
+        parser.error(f"unrecognized arguments: {' '.join(before)}")
+    if args.debug:
+        os.environ[DEBUG_ENV] = "1"
     command = next(c for c in COMMANDS if c.name == args.command)
     command.run(argv[index + 1 :])
     return 0

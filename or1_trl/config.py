@@ -8,12 +8,16 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
+from transformers.utils import logging
 from trl import GRPOConfig
 
 from .entropy import ENTROPY_PRESETS
 from .logprobs import LOGPROB_BACKENDS, liger_available
 from .loss import TOKEN_SUM_LOSSES
+from .paths import output_dir_problem
 from .stages import Stage, parse_stages, validate_stages
+
+logger = logging.get_logger(__name__)
 
 REJECTION_MODES = ("compact", "mask", "off")
 ENTROPY_ESTIMATORS = ("full", "sampled")
@@ -137,7 +141,9 @@ class OR1Config(GRPOConfig):
             rejected, or every completion masked), saying why and what to check; 0 disables it.
 
     `use_liger_kernel=True` (TRL's field: Liger's Triton layer kernels, as Skywork trained with them) is CUDA-only;
-    on CPU it is an error.
+    on CPU it is an error. `bf16` left unset (TRL turns it on) is `False` on a machine without CUDA (one log line says
+    so). `output_dir` must be a directory that exists or can be created, and be writable (checked here, before
+    anything loads).
 
     TRL's loss settings compose with every OR1 part: another `loss_type`, `beta > 0` and `sync_ref_model`, GSPO
     (`importance_sampling_level="sequence"`), `off_policy_mask_threshold` — TRL's loss of that type on the kept
@@ -298,6 +304,7 @@ class OR1Config(GRPOConfig):
     def __post_init__(self):
         self._apply_entropy_preset()
         self._apply_stages()
+        self._default_bf16_off_without_cuda()
         super().__post_init__()
         self._apply_weight_sync()
         self._validate_or1()
@@ -328,6 +335,19 @@ class OR1Config(GRPOConfig):
         stages = parse_stages(self.stages)
         self.max_steps = validate_stages(stages, self.max_steps)
         self.stages = [{k: v for k, v in vars(stage).items() if v is not None} for stage in stages]
+
+    def _default_bf16_off_without_cuda(self):
+        """TRL defaults `bf16` to on (`bf16=None`: not `fp16`), which transformers refuses on a machine with no bf16
+        device unless `use_cpu` is set. There, an unset `bf16` becomes `False` (32-bit), said in one line, so that
+        `OR1Config(output_dir="out")` runs on CPU as written; on CUDA nothing changes."""
+        from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
+
+        if self.bf16 is not None or self.fp16 or torch.cuda.is_available():
+            return
+        if is_torch_bf16_gpu_available() or is_torch_xla_available():
+            return
+        self.bf16 = False
+        logger.warning("No CUDA GPU: OR1Config trains in 32-bit (bf16=False); set bf16 explicitly to choose.")
 
     def _apply_weight_sync(self):
         if self.vllm_weight_sync is None:
@@ -413,6 +433,12 @@ class OR1Config(GRPOConfig):
         return departures
 
     def _validate_or1(self):
+        problem = output_dir_problem(self.output_dir)
+        if problem:
+            raise ValueError(problem)
+        if self.max_completion_length is not None and self.max_completion_length < 1:
+            raise ValueError(f"max_completion_length={self.max_completion_length} must be at least 1 (tokens per "
+                             "completion).")
         for name, allowed in (
             ("rejection_sampling", REJECTION_MODES),
             ("entropy_estimator", ENTROPY_ESTIMATORS),

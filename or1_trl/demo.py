@@ -5,8 +5,9 @@
 3. `OR1Trainer` with the MAGIC defaults (rejection sampling, adaptive entropy control, token-level loss, τ = 1.0)
    trains against the paper's Math-Verify reward (`or1_trl.rewards.math_reward`). Only the learning rate is raised: the paper's 1e-6 is for 7B models.
 
-`run_demo()` returns the per-step rewards; `or1-trl demo` (`or1_trl/cli.py`) prints `OR1 demo: reward A -> B`
-(first 5 / last 5 steps), on the main process only.
+`run_demo()` saves the trained model and tokenizer in `output_dir` and returns the per-step rewards; `or1-trl demo`
+(`or1_trl/cli.py`) prints where the outputs are (`outputs_line`) and `OR1 demo: reward A -> B` (first 5 / last 5
+steps), on the main process only. The SFT warm-up prints its loss four times (`SFTProgress`).
 """
 
 from __future__ import annotations
@@ -55,8 +56,17 @@ class StepPrinter(TrainerCallback):
             )
 
 
-def warm_up(model, tokenizer, dataset: Dataset, output_dir: str, steps: int, seed: int):
-    """Teach the answer format with a short SFT run on prompt/completion pairs (TRL's SFTTrainer)."""
+class SFTProgress(TrainerCallback):
+    """Prints one line per logged step of the SFT warm-up: `SFT warm-up step 15/60 | loss 1.234`."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs and state.is_world_process_zero:
+            print(f"SFT warm-up step {state.global_step}/{state.max_steps} | loss {logs['loss']:.3f}", flush=True)
+
+
+def warm_up(model, tokenizer, dataset: Dataset, output_dir: str, steps: int, seed: int, progress: bool = False):
+    """Teach the answer format with a short SFT run on prompt/completion pairs (TRL's SFTTrainer); `progress`: print
+    its loss four times (`SFTProgress`)."""
     from trl import SFTConfig, SFTTrainer
 
     from .testing import CPU_RUN
@@ -69,7 +79,8 @@ def warm_up(model, tokenizer, dataset: Dataset, output_dir: str, steps: int, see
         learning_rate=3e-3,
         lr_scheduler_type="constant",
     )
-    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                         callbacks=[SFTProgress()] if progress else None)
     trainer.remove_callback(PrinterCallback)
     trainer.train()
     return trainer.model
@@ -105,7 +116,7 @@ def demo_model_and_data(sft_output_dir: str, sft_steps: int = 60, seed: int = 0)
     set_seed(seed)
     model, tokenizer = tiny_model_and_tokenizer(seed=seed)
     train = addition_dataset(2000, seed=seed)
-    model = warm_up(model, tokenizer, train, sft_output_dir, sft_steps, seed)
+    model = warm_up(model, tokenizer, train, sft_output_dir, sft_steps, seed, progress=True)
     return model, tokenizer, train.remove_columns("completion")
 
 
@@ -126,7 +137,15 @@ def run_demo(output_dir: str = "outputs/or1-demo", sft_steps: int = 60, seed: in
     )
     trainer.remove_callback(PrinterCallback)  # StepPrinter prints the one line per step instead of the raw dict
     trainer.train()
+    trainer.save_model(output_dir)  # the model and its tokenizer: `AutoModelForCausalLM.from_pretrained(output_dir)`
     return printer.rewards
+
+
+def outputs_line(output_dir: str) -> str:
+    """Where the demo's outputs are."""
+    return (f"Saved the trained model and tokenizer to {output_dir} (AutoModelForCausalLM.from_pretrained"
+            f"({output_dir!r})), with trainer_state.json and prompt_stats.jsonl; `or1-trl plot {output_dir}` draws "
+            "the curves.")
 
 
 def summary_line(rewards: list[float], window: int = 5) -> str:

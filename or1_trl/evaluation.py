@@ -253,18 +253,21 @@ def check_benchmark_spec(spec: str) -> None:
 def load_problems(spec: str, problem_column: str | None = None, answer_column: str | None = None,
                   id_column: str | None = None) -> list[Problem]:
     """The problems of a named benchmark (from the Hub) or of a local file. Missing columns: a `ValueError` naming them."""
-    from datasets import load_dataset
+    from .data import load_data
 
     check_benchmark_spec(spec)
+    try:  # offline and not cached, an empty or unreadable file: one line naming the benchmark
+        dataset = load_data(BENCHMARKS[spec].hub_id if spec in BENCHMARKS else spec,
+                            split=BENCHMARKS[spec].split if spec in BENCHMARKS else "train")
+    except ValueError as exc:
+        raise ValueError(f"benchmark {spec!r}: {exc}") from exc
     if spec in BENCHMARKS:
         hub = BENCHMARKS[spec]
-        dataset = load_dataset(hub.hub_id, split=hub.split)
         problem_column = problem_column or hub.problem_column
         answer_column = answer_column or hub.answer_column
         if id_column is None and hub.id_column in dataset.column_names:
             id_column = hub.id_column
     else:
-        dataset = load_dataset(LOCAL_SUFFIXES[os.path.splitext(spec)[1]], data_files=spec, split="train")
         problem_column, answer_column = problem_column or "problem", answer_column or "answer"
     missing = [c for c in (problem_column, answer_column, id_column) if c is not None and c not in dataset.column_names]
     if missing:

@@ -96,7 +96,7 @@ def _digest(text: str) -> str:
 def load_eval_sets(specs: list[str], column: str | None = None) -> dict[str, list[str]]:
     """`{name: problem texts}` for each spec: a name of `EVAL_SETS`, a local file or directory (`NAME=PATH` names it),
     or a Hub dataset id (its first split). The problem column is `column`, else the first of `EVAL_PROBLEM_COLUMNS`."""
-    from datasets import load_dataset
+    from .data import load_data
 
     sets = {}
     for spec in specs:
@@ -105,15 +105,10 @@ def load_eval_sets(specs: list[str], column: str | None = None) -> dict[str, lis
         if source in EVAL_SETS:
             source, split, known = EVAL_SETS[source]
             col = col or known
-        if os.path.isfile(source):
-            builder = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}.get(
-                os.path.splitext(source)[1])
-            if builder is None:
-                raise ValueError(f"evaluation set {spec!r}: unknown file type (use .jsonl, .json, .parquet or .csv)")
-            data = load_dataset(builder, data_files=source, split="train")
-        else:
-            loaded = load_dataset(source, split=split)
-            data = loaded if split else loaded[next(iter(loaded))]
+        try:  # a local file or folder, or the Hub (offline and not cached: one line saying so)
+            data = load_data(source, split=split)
+        except ValueError as exc:
+            raise ValueError(f"evaluation set {spec!r}: {exc}") from exc
         col = col or next((c for c in EVAL_PROBLEM_COLUMNS if c in data.column_names), None)
         if col is None or col not in data.column_names:
             raise ValueError(f"evaluation set {spec!r} has no problem column (columns: {data.column_names}); "

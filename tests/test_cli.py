@@ -46,7 +46,8 @@ def test_top_level_help_lists_the_commands(tmp_path):
     result = or1_trl_cli("--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     names = [command.name for command in COMMANDS]
-    assert " ".join(result.stdout.split()).startswith(f"usage: or1-trl [-h] {{{','.join(names)}}} ...")  # unwrapped
+    assert " ".join(result.stdout.split()).startswith(  # unwrapped
+        f"usage: or1-trl [-h] [--version] [--debug] {{{','.join(names)}}} ...")
     commands = dict(re.findall(r"^    ([\w-]+)\s+(\S.*)$", result.stdout, flags=re.M))
     assert set(commands) == set(names) >= {"train", "demo", "serve", "prepare", "difficulty", "select-examples", "eval", "plot"}
     assert commands["demo"].startswith("the offline demo") and commands["train"].startswith("train with the MAGIC")
@@ -142,6 +143,44 @@ def test_paper_recipes_parse(recipe, prompts_per_rollout, group, sgd_steps, cont
     assert model_args.model_name_or_path == "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
 
 
+def test_dataset_name_reads_local_files_folders_and_trls_data_files(tmp_path):
+    from datasets import Dataset
+
+    from or1_trl.data import load_data
+
+    rows = [{"prompt": f"{i}+1=?", "answer": str(i + 1)} for i in range(5)]
+    table = Dataset.from_list(rows)
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "train.json").write_text(json.dumps(rows))
+    table.to_parquet(str(tmp_path / "train.parquet"))
+    table.to_csv(str(tmp_path / "train.csv"), index=False)
+    folder = tmp_path / "folder" / "data"
+    folder.mkdir(parents=True)
+    table.to_parquet(str(folder / "train-00000-of-00001.parquet"))
+    for source in ("train.jsonl", "train.json", "train.parquet"):
+        assert load_data(str(tmp_path / source)).to_list() == rows, source
+    csv = load_data(str(tmp_path / "train.csv")).to_list()  # CSV has no types: the answers are read as numbers
+    assert [{k: str(v) for k, v in row.items()} for row in csv] == rows
+    assert load_data(str(tmp_path / "folder")).to_list() == rows
+    assert load_data("json", data_files=[str(tmp_path / "train.jsonl")]).to_list() == rows  # TRL's form
+    assert load_data(None, data_files=[str(tmp_path / "train.jsonl"), str(tmp_path / "train.jsonl")]).to_list() == rows * 2
+    assert load_data(str(tmp_path / "train.jsonl"), split="train[:2]").to_list() == rows[:2]
+    args = parse("skywork_or1_math_7b.yaml", "--bf16", "false", "--use_cpu", "true", "--data_files", "a.jsonl", "b.jsonl")
+    assert args[0].data_files == ["a.jsonl", "b.jsonl"]
+
+
+def test_train_flags_need_no_bf16_or_use_cpu_without_cuda(tmp_path):
+    """`or1-trl train --model_name_or_path M --dataset_name D` parses on a CPU machine (TRL's bf16 default on would be
+    transformers' error there); on CUDA bf16 stays on."""
+    import torch
+    from transformers.utils import is_torch_bf16_gpu_available
+
+    from or1_trl.cli import train_parser
+
+    _, args, _ = train_parser().parse_args_and_config(["--dataset_name", "d", "--output_dir", str(tmp_path / "out")])
+    assert args.bf16 is (torch.cuda.is_available() or is_torch_bf16_gpu_available()) and not args.use_cpu
+
+
 def test_train_script_with_local_model_dataset_and_recipe(tmp_path):
     model_dir = save_tiny_model(tmp_path / "model")
     data_dir = tmp_path / "data"
@@ -150,9 +189,10 @@ def test_train_script_with_local_model_dataset_and_recipe(tmp_path):
         for i in range(16):
             f.write(json.dumps({"question": f"Q: {i % 5}+1=? A:", "solution": str(i % 5 + 1)}) + "\n")
     out = tmp_path / "out"
-    result = subprocess.run(
+    result = subprocess.run(  # TRL's form of local files: a builder and --data_files
         [sys.executable, os.path.join(ROOT, "examples", "train_or1.py"), "--config", os.path.join(RECIPES, "tiny_cpu.yaml"),
-         "--model_name_or_path", model_dir, "--dataset_name", str(data_dir), "--prompt_column", "question",
+         "--model_name_or_path", model_dir, "--dataset_name", "json", "--data_files", str(data_dir / "train.jsonl"),
+         "--prompt_column", "question",
          "--answer_column", "solution", "--output_dir", str(out)],
         capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
@@ -176,14 +216,14 @@ def test_train_script_reports_missing_column(tmp_path):
 def test_code_reward_trains_on_a_tests_column_without_answer_column(tmp_path):
     data_dir = tmp_path / "data"
     data_dir.mkdir()
-    with open(data_dir / "train.jsonl", "w") as f:
+    with open(data_dir / "train.jsonl", "w") as f:  # --dataset_name names the file itself
         for i in range(16):
             tests = {"inputs": [f"{i}\n"], "outputs": [f"{i + 1}\n"]}
             f.write(json.dumps({"prompt": f"Print n+1 for n={i}:", "tests": json.dumps(tests)}) + "\n")
     out = tmp_path / "out"
     result = subprocess.run(
         [sys.executable, "-m", "or1_trl.cli", "train", "--config", TINY, "--reward", "code",
-         "--model_name_or_path", save_tiny_model(tmp_path / "model"), "--dataset_name", str(data_dir),
+         "--model_name_or_path", save_tiny_model(tmp_path / "model"), "--dataset_name", str(data_dir / "train.jsonl"),
          "--output_dir", str(out)],
         capture_output=True, text=True, timeout=600, env=ENV,
     )
@@ -215,6 +255,16 @@ def test_demo_with_two_processes_prints_the_summary_once(tmp_path):
     first, last = map(float, re.fullmatch(r"OR1 demo: reward (\d\.\d{3}) -> (\d\.\d{3})", summaries[0]).groups())
     assert abs(first - sum(rewards) / 3) < 1e-3 and first == last  # fewer than 5 steps: both windows are all steps
     assert sorted(os.listdir(tmp_path)) == ["demo"] and os.path.isdir(tmp_path / "demo" / "sft")
+    # The warm-up shows progress (its loss falls), the demo says where its outputs are, and they are there.
+    sft = [float(line.split("loss ")[1]) for line in lines if line.startswith("SFT warm-up step ")]
+    assert [line.split(" |")[0] for line in lines if line.startswith("SFT warm-up")] == \
+        ["SFT warm-up step 1/2", "SFT warm-up step 2/2"] and sft[1] < sft[0]
+    saved = str(tmp_path / "demo")
+    assert lines[-2].startswith(f"Saved the trained model and tokenizer to {saved} ")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    assert AutoModelForCausalLM.from_pretrained(saved).num_parameters() > 0 and AutoTokenizer.from_pretrained(saved)
+    assert {"trainer_state.json", "prompt_stats.jsonl"} <= set(os.listdir(saved))
 
 
 def test_tiny_two_stage_recipe_runs_offline_with_its_own_model_and_data(tmp_path):

@@ -77,3 +77,42 @@ def test_vllm_weight_sync_defaults_to_disk_off_cuda(tmp_path):
     assert OR1Config(output_dir=str(tmp_path), use_cpu=True, vllm_weight_sync="nccl").vllm_weight_sync == "nccl"
     with pytest.raises(ValueError, match="vllm_weight_sync='shm' is not one of"):
         OR1Config(output_dir=str(tmp_path), use_cpu=True, vllm_weight_sync="shm")
+
+
+def readme_config_line() -> str:
+    """The README's drop-in `OR1Config(...)` line, as a user copies it."""
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+    line = next(line for line in readme.splitlines() if line.startswith("+args = OR1Config("))
+    return line[1:].split("#")[0].strip()
+
+
+def test_readme_config_runs_as_written_and_bf16_follows_cuda(tmp_path, monkeypatch, caplog):
+    """TRL turns bf16 on unless fp16; on a machine without CUDA an unset bf16 is off (one line says so) instead of
+    transformers' "Your setup doesn't support bf16/gpu" error. Explicit values and CUDA machines are unchanged."""
+    import torch
+    from transformers.utils import is_torch_bf16_gpu_available
+
+    monkeypatch.chdir(tmp_path)
+    namespace = {"OR1Config": OR1Config}
+    exec(readme_config_line(), namespace)  # args = OR1Config(output_dir="out")
+    args = namespace["args"]
+    cuda = torch.cuda.is_available() or is_torch_bf16_gpu_available()
+    assert args.bf16 is cuda and args.output_dir == "out"
+    said = [r.getMessage() for r in caplog.records if "bf16=False" in r.getMessage()]
+    assert len(said) == (0 if cuda else 1), said
+    assert OR1Config(output_dir="out", use_cpu=True, bf16=True).bf16 is True  # bf16 on CPU, asked for
+    assert OR1Config(output_dir="out", use_cpu=True, fp16=False, bf16=False).bf16 is False
+    assert os.listdir(tmp_path) == []  # building a config writes nothing
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (dict(max_completion_length=0), "max_completion_length=0 must be at least 1"),
+        (dict(output_dir=__file__), "is a file; pass a directory"),
+        (dict(output_dir=os.path.join(__file__, "run")), "cannot be created: .* is a file"),
+    ],
+)
+def test_bad_lengths_and_output_dirs(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        OR1Config(**{**tiny_training_args(tmp_path), **overrides})

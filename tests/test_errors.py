@@ -1,0 +1,210 @@
+"""Wrong input to any command ends it with exit status 2 and one line `or1-trl CMD: error: WHAT` under a one-line
+usage (not the 200-option list), before the model loads: bad flag values, a missing or malformed `--config`, an
+output directory that is a file or read-only, data that is empty, not UTF-8, not JSON or whose prompts are not text,
+a Hub dataset offline, abbreviated flags."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+import or1_trl
+from or1_trl.cli import DEBUG_ENV, main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "examples", "recipes", "tiny_cpu.yaml")
+
+
+def run_main(capsys, argv):
+    """`main(argv)` in-process: exit status and stderr."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    return exc.value.code, capsys.readouterr().err
+
+
+def assert_one_line_error(code, err, command, message):
+    """Exit 2; the last two stderr lines are the short usage and the error; no other line says `error`."""
+    lines = err.strip().splitlines()
+    assert code == 2, err[-2000:]
+    assert lines[-1].startswith(f"or1-trl {command}: error: ") and message in lines[-1], lines[-3:]
+    assert lines[-2].startswith(f"usage: or1-trl {command} ") and lines[-2].endswith("--help: all of them)"), lines[-2]
+    assert len(lines[-2]) < 160  # the required arguments only, not the option list
+    assert sum("error" in line.lower() for line in lines) == 1, lines
+    assert "Traceback" not in err
+
+
+@pytest.fixture
+def files(tmp_path):
+    """An empty model directory (loading it would fail with another error: an expected error proves that nothing
+    was loaded) and data files, each wrong in one way."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "latin1.jsonl").write_bytes('{"prompt": "café", "answer": "1"}\n'.encode("latin-1"))
+    (tmp_path / "notjson.jsonl").write_text("prompt: 1+1, answer: 2\n")
+    (tmp_path / "numbers.jsonl").write_text(json.dumps({"prompt": 7, "answer": "7"}) + "\n")
+    (tmp_path / "blank.jsonl").write_text("\n\n")
+    (tmp_path / "train.txt").write_text("1+1\n")
+    (tmp_path / "emptydir").mkdir()
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "bad.yaml").write_text("learning_rate: [1e-6\n")
+    (tmp_path / "list.yaml").write_text("- use_cpu\n- bf16\n")
+    return tmp_path
+
+
+def read_only_dir(tmp_path):
+    """A directory nobody may write to: chmod 555, or /sys where chmod does not stop root."""
+    if os.geteuid() == 0:
+        return "/sys"
+    path = tmp_path / "read-only"
+    path.mkdir()
+    path.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    return str(path)
+
+
+TRAIN = ["train", "--config", TINY]
+DATA_CASES = [
+    ("empty.jsonl", "dataset file 'EMPTY' is empty"),
+    ("latin1.jsonl", "not UTF-8 text"),
+    ("notjson.jsonl", "JSON parse error"),
+    ("numbers.jsonl", "column 'prompt' holds Value('int64') values, not prompts"),
+    ("blank.jsonl", "no rows"),
+    ("train.txt", "is not .jsonl, .json, .parquet, .csv"),
+    ("emptydir", "doesn't contain any data files"),
+    ("missing.jsonl", "does not exist"),
+]
+
+
+@pytest.mark.parametrize("name,message", DATA_CASES, ids=[c[0] for c in DATA_CASES])
+def test_train_data_errors_before_the_model_loads(capsys, files, name, message):
+    dataset = str(files / name)
+    code, err = run_main(capsys, [*TRAIN, "--model_name_or_path", str(files / "model"), "--dataset_name", dataset,
+                                  "--output_dir", str(files / "out")])
+    assert_one_line_error(code, err, "train", message.replace("EMPTY", dataset))
+
+
+def test_data_files_errors_name_the_file(capsys, files):
+    code, err = run_main(capsys, [*TRAIN, "--model_name_or_path", str(files / "model"), "--dataset_name", "json",
+                                  "--data_files", str(files / "missing.jsonl"), "--output_dir", str(files / "out")])
+    assert_one_line_error(code, err, "train", f"data file {str(files / 'missing.jsonl')!r} does not exist")
+
+
+ARGUMENT_CASES = [
+    (["--num_generations", "1"], "at least 2 generations per prompt"),
+    (["--max_completion_length", "0"], "max_completion_length=0 must be at least 1"),
+    (["--entropy_target", "-0.2"], "entropy_target=-0.2 must be > 0"),
+    (["--output_dir", "FILES/a_file"], "output_dir 'FILES/a_file' is a file"),
+    (["--output_dir", "FILES/a_file/run"], "cannot be created: 'FILES/a_file' is a file"),
+    (["--output_dir", "READONLY/run"], "cannot be created: 'READONLY' is not writable"),
+    (["--max_step", "3"], "unrecognized arguments: --max_step 3"),  # not taken for --max_steps
+    (["--learning_rat", "0.1"], "unrecognized arguments: --learning_rat 0.1"),
+]
+
+
+@pytest.mark.parametrize("flags,message", ARGUMENT_CASES, ids=["num_generations", "max_completion_length",
+                                                                "entropy_target", "output_dir-file",
+                                                                "output_dir-under-a-file", "output_dir-read-only",
+                                                                "abbreviation", "typo"])
+def test_train_argument_errors(capsys, files, tmp_path, flags, message):
+    readonly = read_only_dir(tmp_path)
+    flags = [f.replace("FILES", str(files)).replace("READONLY", readonly) for f in flags]
+    message = message.replace("FILES", str(files)).replace("READONLY", readonly)
+    code, err = run_main(capsys, [*TRAIN, "--model_name_or_path", str(files / "model"), "--dataset_name",
+                                  str(files / "missing.jsonl"), "--output_dir", str(files / "out"), *flags])
+    assert_one_line_error(code, err, "train", message)  # not the dataset's error: the flags are checked first
+
+
+CONFIG_CASES = [
+    (["--config", "FILES/nope.yaml"], "--config 'FILES/nope.yaml': no such file"),
+    (["--config", "FILES/bad.yaml"], "--config 'FILES/bad.yaml' is not valid YAML"),
+    (["--config", "FILES/list.yaml"], "must be a YAML mapping (flag: value lines), not list"),
+    (["--config", "FILES/latin1.jsonl"], "cannot be read: 'utf-8' codec can't decode"),
+    (["--output_dir", "x", "--config"], "--config needs a YAML file"),
+]
+
+
+@pytest.mark.parametrize("argv,message", CONFIG_CASES, ids=["missing", "malformed", "list", "binary", "no-path"])
+def test_config_file_errors(capsys, files, argv, message):
+    argv = [a.replace("FILES", str(files)) for a in argv]
+    code, err = run_main(capsys, ["train", *argv])
+    assert_one_line_error(code, err, "train", message.replace("FILES", str(files)))
+
+
+def test_eval_on_an_empty_file(capsys, files):
+    code, err = run_main(capsys, ["eval", "--model", str(files / "model"), "--benchmarks", str(files / "empty.jsonl"),
+                                  "--output_dir", str(files / "eval")])
+    assert_one_line_error(code, err, "eval", f"benchmark {str(files / 'empty.jsonl')!r}: dataset file")
+    assert not (files / "eval").exists()
+
+
+def test_prepare_and_demo_errors(capsys, files):
+    code, err = run_main(capsys, ["prepare", "--dataset_name", str(files / "notjson.jsonl"), "--output_dir",
+                                  str(files / "p")])
+    assert_one_line_error(code, err, "prepare", "JSON parse error")
+    code, err = run_main(capsys, ["demo", "--output_dir", str(files / "a_file")])
+    assert_one_line_error(code, err, "demo", "is a file; pass a directory")
+    code, err = run_main(capsys, ["demo", "--max_step", "3"])
+    assert_one_line_error(code, err, "demo", "unrecognized arguments: --max_step 3")
+    code, err = run_main(capsys, ["eval", "--model", "m", "--benchmark", "aime24"])
+    assert_one_line_error(code, err, "eval", "unrecognized arguments: --benchmark aime24")
+
+
+def cli(*args, tmp_path, **env):
+    """`or1-trl ARGS` in a fresh interpreter, offline, with an empty Hugging Face cache."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf-home"), "WANDB_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])), **env}
+    return subprocess.run([sys.executable, "-m", "or1_trl.cli", *args], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=300, env=env)
+
+
+def test_offline_hub_benchmarks_are_one_line_errors(tmp_path):
+    result = cli("eval", "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--benchmarks", "aime24", tmp_path=tmp_path)
+    assert_one_line_error(result.returncode, result.stderr, "eval",
+                          "benchmark 'aime24': cannot load dataset 'HuggingFaceH4/aime_2024': it is not in the local "
+                          "cache and the Hub cannot be reached (HF_HUB_OFFLINE is set)")
+    (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": "1+1", "answer": "2"}) + "\n")
+    result = cli("prepare", "--dataset_name", "train.jsonl", "--output_dir", "p", "--eval_sets", "aime24",
+                 tmp_path=tmp_path)
+    assert_one_line_error(result.returncode, result.stderr, "prepare", "evaluation set 'aime24': cannot load dataset")
+    assert not (tmp_path / "p").exists()
+
+
+def test_version_and_debug(tmp_path):
+    result = cli("--version", tmp_path=tmp_path)
+    assert result.returncode == 0 and result.stdout.strip() == f"or1-trl {or1_trl.__version__}"
+    result = cli("--debug", "train", "--config", TINY, "--max_completion_length", "0", tmp_path=tmp_path)
+    assert result.returncode == 1 and "Traceback" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("ValueError: max_completion_length=0 must be at least 1")
+
+
+def test_debug_env_shows_the_traceback(monkeypatch, files):
+    monkeypatch.setenv(DEBUG_ENV, "1")
+    with pytest.raises(ValueError, match="is empty"):
+        main([*TRAIN, "--model_name_or_path", str(files / "model"), "--dataset_name", str(files / "empty.jsonl"),
+              "--output_dir", str(files / "out")])
+
+
+def test_training_script_errors_are_one_line_too(tmp_path):
+    """examples/train_or1.py calls `train()` without `main()`: the same one line, its usage naming the script."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_or1.py"), "--config", TINY,
+                             "--num_generations", "1"], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                            env=env)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and lines[-1].startswith("train_or1.py: error: GRPO requires at least 2 generations")
+    assert lines[-2].startswith("usage: train_or1.py [options]")
+
+
+@pytest.mark.parametrize("argv", [
+    ["prepare", "--dataset_name", "FILES/empty.jsonl"],
+    ["select-examples", "--stats", "FILES/stats.jsonl", "--dataset_name", "FILES/empty.jsonl"],
+    ["difficulty", "--dataset_name", "FILES/empty.jsonl", "--model", "FILES/model"],
+    ["eval", "--model", "FILES/model", "--benchmarks", "FILES/empty.jsonl"],
+    ["demo"],
+], ids=lambda argv: argv[0])
+def test_every_command_checks_its_output_dir_first(capsys, files, argv):
+    argv = [a.replace("FILES", str(files)) for a in argv]
+    code, err = run_main(capsys, [*argv, "--output_dir", str(files / "a_file")])
+    assert_one_line_error(code, err, argv[0], f"output_dir {str(files / 'a_file')!r} is a file")
