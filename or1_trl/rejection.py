@@ -19,6 +19,7 @@ Both give the same gradient; `compact` runs fewer rows. Everything here is a pur
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,3 +153,31 @@ def concat_batches(first: dict[str, Any], second: dict[str, Any], pad_token_id: 
 def cap_kept_groups(keep: torch.Tensor, max_groups: int) -> torch.Tensor:
     """`keep` with only its first `max_groups` True entries left True (rows beyond the batch are discarded)."""
     return keep & (keep.cumsum(0) <= max_groups)
+
+
+@contextmanager
+def row_gathers_padded(accelerator):
+    """While active, `accelerator.gather` NaN-pads floating per-row tensors to the longest rank's row count first.
+
+    After `"compact"` the ranks hold different numbers of rows, but TRL's `_compute_loss` gathers two per-row
+    metrics (`clip_ratio/low_min`, `clip_ratio/high_max`) with a plain all-gather, which needs equal shapes: with
+    unequal rows gloo aborts ("Received data size doesn't match expected size"). TRL reduces both with `nanmin` /
+    `nanmax`, and rows with no kept token are already NaN there, so NaN padding changes no metric. Scalars and
+    integer tensors are gathered as they are. Scoped to this accelerator object (an instance attribute, removed on
+    exit), so other trainers in the process are untouched.
+    """
+    if accelerator.num_processes == 1:
+        yield
+        return
+    gather = accelerator.gather
+
+    def padded_gather(tensor):
+        if isinstance(tensor, torch.Tensor) and tensor.ndim > 0 and tensor.is_floating_point():
+            tensor = accelerator.pad_across_processes(tensor, dim=0, pad_index=float("nan"))
+        return gather(tensor)
+
+    accelerator.gather = padded_gather
+    try:
+        yield
+    finally:
+        del accelerator.gather  # the class's method again

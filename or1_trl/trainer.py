@@ -77,7 +77,15 @@ from .observability import (
 )
 from .prompts import PromptPool, PromptSampler, PromptStats, StatsLog, batch_outcomes, prompt_ids
 from .reward_checks import NONFINITE_METRIC, nonfinite_mask, nonfinite_message, record_abstentions
-from .rejection import WEIGHT_KEY, cap_kept_groups, compact_batch, concat_batches, group_outcomes, mask_batch
+from .rejection import (
+    WEIGHT_KEY,
+    cap_kept_groups,
+    compact_batch,
+    concat_batches,
+    group_outcomes,
+    mask_batch,
+    row_gathers_padded,
+)
 from .stages import StageShape, set_base_learning_rate, stage_index, stage_shapes
 from .weight_sync import generation_backend
 
@@ -455,7 +463,8 @@ class OR1Trainer(GRPOTrainer):
         # TRL's policy loss, whatever its loss_type / β / GSPO / off-policy mask, on the kept tokens (TRL's mask is
         # completion_mask · tool_mask); its own entropy bonus off, ours below. The policy pass is kept for the bonus.
         self._entropy_bonus_enabled, self._policy_pass = False, []
-        loss = super()._compute_loss(model, {**inputs, "tool_mask": mask})
+        with row_gathers_padded(self.accelerator):  # compacted ranks hold different numbers of rows
+            loss = super()._compute_loss(model, {**inputs, "tool_mask": mask})
         (logps, entropies, aux_loss), self._policy_pass = self._policy_pass[0], None  # [b, T], [b, T], scalar
 
         # Counted over the kept groups only (T~_k): T_k for token-level types, the kept rows for row means.
