@@ -176,6 +176,12 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
             parser.error(problem)
         if os.path.isdir(os.path.expanduser(model_args.model_name_or_path)):
             model_args.model_name_or_path = os.path.expanduser(model_args.model_name_or_path)
+    from .checkpoint import check_output_dir
+
+    try:  # a previous run in --output_dir, a missing checkpoint: refused before the model loads
+        check_output_dir(training_args.output_dir, training_args.resume_from_checkpoint, training_args.overwrite_output_dir)
+    except ValueError as exc:
+        parser.error(str(exc))
 
     from datasets import load_dataset
     from trl import get_peft_config
