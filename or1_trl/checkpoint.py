@@ -38,7 +38,7 @@ import os
 import re
 import shutil
 import zlib
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from transformers.utils import logging
 
@@ -314,8 +314,13 @@ def _disk_full(exc: BaseException, folder: str) -> bool:
 @contextmanager
 def saving(folder: str):
     """Around the writing of checkpoint `folder`: a full disk becomes a one-line `DiskFullError` ("no space left on
-    <dir>: ..."), and the partial folder is removed, so the previous complete checkpoint stays the one to resume from."""
+    <dir>: ..."), and the partial folder is removed, so the previous complete checkpoint stays the one to resume from.
+
+    A marker already in `folder` (a resumed run saving over a step it had saved before) is removed first: the folder
+    is no longer complete until its new marker is written."""
     try:
+        with suppress(FileNotFoundError):
+            os.remove(os.path.join(folder, MARKER_FILE))
         yield
     except Exception as exc:
         if not _disk_full(exc, folder):
