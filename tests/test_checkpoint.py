@@ -387,3 +387,25 @@ def test_full_disk_is_one_line_and_the_previous_checkpoint_stays(small_disk, fai
     resumed.train(resume_from_checkpoint=True)
     assert resumed.state.global_step == 2 and names(out) == ["checkpoint-1", "checkpoint-2"]
     assert checkpoint.verify(str(out / "checkpoint-2"), resumed._checkpoint_files()) == []
+
+
+def test_demo_starts_over_in_its_own_directory_and_says_so(tmp_path, two_step_run, capsys):
+    """The README's first command is the exception: run again, it replaces its previous run (a 2-step demo, then a
+    1-step one: one checkpoint and one step of statistics left) and says so; another run's directory is refused."""
+    from or1_trl.demo import run_demo
+
+    out = tmp_path / "demo"
+    demo = dict(sft_steps=1, save_strategy="steps", save_steps=1, per_device_train_batch_size=16)
+    run_demo(str(out), max_steps=2, **demo)
+    assert names(out) == ["checkpoint-1", "checkpoint-2"]
+    run_demo(str(out), max_steps=1, **demo)
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Starting over")]
+    assert said == [f"Starting over in {out}: each demo run replaces the previous one there."] * 2
+    assert names(out) == ["checkpoint-1"]
+    assert {json.loads(line)["step"] for line in stats_lines(out)} == {1}
+
+    other = copy_run(two_step_run, tmp_path)
+    before = snapshot(other)
+    with pytest.raises(ValueError, match=r"holds a training run that is not the demo's \(checkpoint-1, checkpoint-2, "):
+        run_demo(str(other), max_steps=1, **demo)
+    assert snapshot(other) == before
