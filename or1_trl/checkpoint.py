@@ -261,6 +261,12 @@ def check_output_dir(output_dir: str, resume_from_checkpoint: str | bool | None,
     found = previous_run(output_dir)
     if found and not resume_from_checkpoint and not overwrite_output_dir:
         shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        if found == [PROMPT_STATS_LOG]:  # killed before its first checkpoint: nothing to continue from
+            raise ValueError(
+                f"{output_dir} holds a previous run's {PROMPT_STATS_LOG} but no checkpoint, so --resume_from_checkpoint "
+                "true cannot continue it: pass --overwrite_output_dir true to start over and delete it "
+                "(OR1Config(overwrite_output_dir=True)), or choose another --output_dir."
+            )
         raise ValueError(
             f"{output_dir} holds a previous run ({shown}): pass --resume_from_checkpoint true to continue it "
             "(train(resume_from_checkpoint=True)), or --overwrite_output_dir true to start over and delete them "

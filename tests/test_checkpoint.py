@@ -290,6 +290,11 @@ def test_fresh_empty_or_unrelated_output_dirs_are_not_refused(tmp_path):
     (tmp_path / "checkpoint-x").mkdir()
     (tmp_path / checkpoint.PROMPT_STATS_LOG).write_text("")  # empty statistics: nothing to lose
     checkpoint.check_output_dir(str(tmp_path), None, False)
+    (tmp_path / checkpoint.PROMPT_STATS_LOG).write_text("{}\n")  # a run killed before its first checkpoint
+    with pytest.raises(ValueError, match=r"holds a previous run's prompt_stats\.jsonl but no checkpoint, so "
+                                         r"--resume_from_checkpoint true cannot continue it: pass --overwrite_output_dir true"):
+        checkpoint.check_output_dir(str(tmp_path), None, False)
+    (tmp_path / checkpoint.PROMPT_STATS_LOG).write_text("")
     (tmp_path / "checkpoint-3").mkdir()
     with pytest.raises(ValueError, match=r"holds a previous run \(checkpoint-3\)"):
         checkpoint.check_output_dir(str(tmp_path), None, False)
