@@ -78,7 +78,7 @@ def run(kind, args):
         trainer_cls, config = timed(GRPOTrainer), GRPOConfig(**settings)
     else:
         trainer_cls = timed(OR1Trainer)
-        config = OR1Config(**settings, rejection_sampling=kind, use_adaptive_entropy=False)
+        config = OR1Config(**settings, rejection_sampling=kind, use_adaptive_entropy=False, overwrite_output_dir=True)  # scratch dir
     trainer = trainer_cls(model, scripted_reward(args.constant_fraction), args=config, train_dataset=dataset, processing_class=tokenizer)
     trainer.train()
     return trainer.bench

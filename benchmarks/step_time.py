@@ -94,7 +94,7 @@ def run_arm(arm: str, model_path: str, tokenizer, dataset, steps: int, workdir: 
     kwargs = settings(f"{workdir}/{arm}", steps, prompts)
     reward = {"trl": scripted_reward(False), "or1": scripted_reward(False), "or1_half": scripted_reward(True),
               "or1_demo": math_reward}[arm]
-    trainer_cls, config = (GRPOTrainer, GRPOConfig(**kwargs)) if arm == "trl" else (OR1Trainer, OR1Config(**kwargs))
+    trainer_cls, config = (GRPOTrainer, GRPOConfig(**kwargs)) if arm == "trl" else (OR1Trainer, OR1Config(**kwargs, overwrite_output_dir=True))  # one scratch dir per arm, reused by each rep
     clock = StepClock()
     trainer = trainer_cls(model=AutoModelForCausalLM.from_pretrained(model_path), reward_funcs=reward, args=config,
                           train_dataset=dataset, processing_class=tokenizer, callbacks=[clock])

@@ -1,6 +1,7 @@
 """Train a reasoning model with the Skywork-OR1 MAGIC recipe (OR1Trainer = TRL's GRPOTrainer + the paper).
 
-    accelerate launch examples/train_or1.py                    # no arguments: the offline demo (tiny model, CPU)
+    accelerate launch examples/train_or1.py                    # no arguments: the offline demo (tiny model, CPU;
+                                                               # starts over in outputs/or1-demo every run)
     accelerate launch examples/train_or1.py --config examples/recipes/skywork_or1_math_7b.yaml
     accelerate launch --config_file configs/accelerate/cpu_2proc.yaml examples/train_or1.py \
         --model_name_or_path <model> --dataset_name <dataset> --output_dir outputs/run

@@ -1,35 +1,72 @@
-"""Complete checkpoints: a `checkpoint-N` folder counts only once all of its state is on disk.
+"""Checkpoints that are complete or ignored, and an output directory that is never overwritten silently.
 
-transformers writes a checkpoint folder in several steps (model, optimizer, RNG, `trainer_state.json`), TRL then
-adds `entropy_ctrl_state.json`, and `OR1Trainer` adds its own state files. A kill between any two of these leaves a
-folder that *looks* like a checkpoint, and `resume_from_checkpoint=True` would take it, silently resetting whatever
-was not written yet (the entropy controller, our counters, and — from the stage/pool issue on — the stage, the
-prompt pool and the statistics).
+**Complete checkpoints.** transformers writes a checkpoint folder in several steps (model, optimizer, RNG,
+`trainer_state.json`), TRL then adds `entropy_ctrl_state.json`, and `OR1Trainer` adds its own state files. A kill
+between two of these, a full disk, or a crash before the page cache reached the disk leaves a folder that *looks*
+like a checkpoint. The rule here:
 
-The rule here: each state file is written atomically (temporary file, then `os.replace`), and the marker
-`or1_checkpoint.json` — which lists every file the checkpoint must hold — is written *last*. A folder without the
-marker, or with a listed file missing, is incomplete:
+- each of our state files is written atomically (temporary file, `fsync`, `os.replace`);
+- then every file of the folder is flushed to disk (`fsync`, and the folder itself), and only then the marker
+  `or1_checkpoint.json` is written: it lists **every file** of the checkpoint (model, optimizer, scheduler, RNG,
+  trainer and OR1 state, sub-folders included) with its size and a CRC-32 of its first and last MiB (the whole file
+  when it is at most 2 MiB);
+- `verify(folder, required)` says what is wrong with a folder (empty list: complete): no marker, a listed or
+  required file missing, a size or a checksum that differs from the marker's;
+- `resolve_resume(...)` is what `resume_from_checkpoint` resumes from: `True` takes the newest checkpoint that
+  verifies, logging each newer one it skips and why; an explicit folder must verify.
 
-- `last_complete_checkpoint(output_dir, required)` is what `resume_from_checkpoint=True` resumes from;
-- `missing_files(folder, required)` names what an incomplete folder lacks (an explicit resume from it is an error).
+What the checksum covers, and why not the whole file: the size catches truncation (a kill or a full disk while
+writing, a copy cut short) and the ends catch a torn or zeroed head or tail — where the formats keep their index
+(safetensors' JSON header is at the start, the zip directory of `torch.save` at the end). A flipped bit in the middle
+of a GB-sized tensor is not caught; hashing whole files would read the full checkpoint (the optimizer of a 7B model is
+tens of GB) at every save and every resume. CRC-32 itself runs at ~6 GB/s here; the disk read is the cost.
 
-`OR1Trainer` also holds back transformers' checkpoint rotation until the marker is written, so a kill can never
-leave the output directory without a complete checkpoint that existed before.
+`OR1Trainer` also holds back transformers' checkpoint rotation until the marker is written, so a kill — or a full
+disk: `saving(folder)` turns it into one line, "no space left on <dir>", and removes the partial folder — can never
+leave the output directory without the complete checkpoint that existed before.
+
+**Relaunch safety.** `check_output_dir` refuses an output directory holding a previous run's checkpoints or
+`prompt_stats.jsonl` unless `resume_from_checkpoint` (continue it) or `overwrite_output_dir` (start over: `start_over`
+then removes them) is given, so nothing of a previous run is deleted (by rotation) or truncated silently.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import shutil
+import zlib
+from contextlib import contextmanager, suppress
+
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 MARKER_FILE = "or1_checkpoint.json"
+MARKER_VERSION = 2
+EDGE_BYTES = 1 << 20  # the checksum covers the first and the last MiB of each file
+PROMPT_STATS_LOG = "prompt_stats.jsonl"
 _CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
+_TMP = ".tmp-"
+
+
+class DiskFullError(OSError):
+    """Saving a checkpoint ran out of disk space (the message is one line: "no space left on <dir>: ...")."""
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_json_atomic(path: str, data) -> None:
     """Write `data` as JSON to `path` so that `path` holds either its old content or the whole new one."""
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = f"{path}{_TMP}{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(data, f)
         f.flush()
@@ -37,18 +74,50 @@ def write_json_atomic(path: str, data) -> None:
     os.replace(tmp, path)
 
 
-def write_state(folder: str, states: dict[str, dict], required: list[str]) -> None:
-    """Write each `{file name: JSON state}` into `folder`, then the completeness marker listing `required`.
+def fingerprint(path: str) -> dict:
+    """`{"size": bytes, "crc32": CRC-32 of the first and the last MiB}` (of the whole file up to 2 MiB)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        crc = zlib.crc32(f.read(EDGE_BYTES))
+        if size > EDGE_BYTES:
+            f.seek(max(EDGE_BYTES, size - EDGE_BYTES))
+            crc = zlib.crc32(f.read(EDGE_BYTES), crc)
+    return {"size": size, "crc32": f"{crc:08x}"}
 
-    `required` are every file the checkpoint must contain: `states`' files plus those written earlier by
-    transformers and TRL.
+
+def _files(folder: str) -> list[str]:
+    """Every regular file under `folder` (relative paths), except the marker and leftover temporary files."""
+    found = []
+    for root, _, names in os.walk(folder):
+        for name in names:
+            rel = os.path.relpath(os.path.join(root, name), folder)
+            if rel != MARKER_FILE and _TMP not in name:
+                found.append(rel)
+    return sorted(found)
+
+
+def write_state(folder: str, states: dict[str, dict], required: list[str]) -> None:
+    """Write each `{file name: JSON state}` into `folder`, flush every file of the folder to disk, then write the
+    marker listing them all with their fingerprints.
+
+    `required` are the files this trainer needs besides `states` (written earlier by transformers and TRL): if one
+    is missing the folder is not marked complete.
     """
     for name, state in states.items():
         write_json_atomic(os.path.join(folder, name), state)
     missing = [name for name in required if not os.path.exists(os.path.join(folder, name))]
     if missing:
         raise RuntimeError(f"checkpoint {folder} lacks {missing} after saving: not marking it complete")
-    write_json_atomic(os.path.join(folder, MARKER_FILE), {"files": sorted(set(required) | set(states))})
+    files = {}
+    for name in _files(folder):
+        path = os.path.join(folder, name)
+        _fsync(path)
+        files[name] = fingerprint(path)
+    for root, _, _ in os.walk(folder):  # the folders' entries (new names) reach the disk too
+        _fsync(root)
+    checksum = f"crc32 of the first and last {EDGE_BYTES} bytes"
+    write_json_atomic(os.path.join(folder, MARKER_FILE), {"version": MARKER_VERSION, "checksum": checksum, "files": files})
+    _fsync(folder)
 
 
 def read_state(folder: str, name: str) -> dict:
@@ -56,24 +125,37 @@ def read_state(folder: str, name: str) -> dict:
         return json.load(f)
 
 
-def missing_files(folder: str, required: list[str]) -> list[str]:
-    """What `folder` lacks to be a complete checkpoint (empty list: complete).
+def verify(folder: str, required: list[str]) -> list[str]:
+    """What is wrong with `folder` as a checkpoint, one reason per problem (empty list: complete).
 
-    `required` are the files this trainer needs; the marker's own list (the files that were there when the
-    checkpoint was written) is checked too. The marker, written last, is named last.
+    Every file the marker lists must be there with its size and checksum; `required` (the files this trainer needs)
+    must be listed. Reasons name the file: "optimizer.pt is missing", "model.safetensors is 100 bytes, the marker
+    says 1600 (truncated)", "... differs from its checksum (corrupted)"; a folder without the marker (the run stopped
+    while saving it) ends with "or1_checkpoint.json is missing".
     """
-    listed: list[str] = []
-    marker = os.path.join(folder, MARKER_FILE)
-    if os.path.exists(marker):
-        try:
-            listed = read_state(folder, MARKER_FILE)["files"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return [MARKER_FILE]
-    names = list(dict.fromkeys([*required, *listed]))
-    missing = [name for name in names if not os.path.exists(os.path.join(folder, name))]
-    if not os.path.exists(marker):
-        missing.append(MARKER_FILE)
-    return missing
+    if not os.path.isdir(folder):
+        return [f"{folder} does not exist"]
+    if not os.path.exists(os.path.join(folder, MARKER_FILE)):
+        missing = [f"{name} is missing" for name in required if not os.path.exists(os.path.join(folder, name))]
+        return [*missing, f"{MARKER_FILE} is missing (the run stopped before the checkpoint was complete)"]
+    try:
+        marker = read_state(folder, MARKER_FILE)
+        listed = marker["files"]
+        assert marker["version"] == MARKER_VERSION and isinstance(listed, dict)
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        return [f"{MARKER_FILE} is unreadable or from an older or1-trl (no file sizes)"]
+    problems = [f"{name} is missing" for name in required if name not in listed]
+    for name, expected in listed.items():
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            problems.append(f"{name} is missing")
+            continue
+        actual = fingerprint(path)
+        if actual["size"] != expected["size"]:
+            problems.append(f"{name} is {actual['size']} bytes, the marker says {expected['size']} (truncated or changed)")
+        elif actual["crc32"] != expected["crc32"]:
+            problems.append(f"{name} differs from its checksum in the marker (corrupted)")
+    return problems
 
 
 def checkpoints(output_dir: str) -> list[str]:
@@ -88,38 +170,172 @@ def checkpoints(output_dir: str) -> list[str]:
     return [path for _, path in sorted(found)]
 
 
-def last_complete_checkpoint(output_dir: str, required: list[str]) -> str | None:
-    """The newest complete checkpoint of `output_dir` (None if there is none)."""
+def last_complete_checkpoint(output_dir: str, required: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
+    """`(newest checkpoint of output_dir that verifies or None, [(newer folder skipped, why), ...])`."""
+    skipped = []
     for folder in reversed(checkpoints(output_dir)):
-        if not missing_files(folder, required):
-            return folder
-    return None
+        problems = verify(folder, required)
+        if not problems:
+            return folder, skipped
+        skipped.append((folder, "; ".join(problems)))
+    return None, skipped
+
+
+def _wants_latest(resume_from_checkpoint) -> bool:
+    return resume_from_checkpoint is True or (
+        isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() in ("true", "latest")
+    )
 
 
 def resolve_resume(output_dir: str, resume_from_checkpoint: str | bool | None, required: list[str]) -> str | None:
     """The folder `Trainer.train(resume_from_checkpoint=...)` should resume from, or None for a fresh start.
 
-    `True` (or the command line's `"true"`) is the newest *complete* checkpoint of `output_dir`; an explicit folder
-    must be complete. Either way a clear `ValueError` says what is missing.
+    `True` (or the command line's `"true"`) is the newest checkpoint of `output_dir` that verifies; each newer one is
+    skipped with a warning saying why. An explicit folder must exist and verify. Otherwise a `ValueError` says why.
     """
-    if isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() in ("true", "latest"):
-        resume_from_checkpoint = True
-    if resume_from_checkpoint is True:
-        found = last_complete_checkpoint(output_dir, required)
+    if _wants_latest(resume_from_checkpoint):
+        found, skipped = last_complete_checkpoint(output_dir, required)
+        for folder, why in skipped:
+            logger.warning(f"Skipping {folder} for resume: {why}.")
         if found is None:
-            incomplete = checkpoints(output_dir)
             raise ValueError(
                 f"No complete checkpoint to resume from in {output_dir}"
-                + (f" (incomplete: {[os.path.basename(c) for c in incomplete]})." if incomplete else ".")
+                + (f" (incomplete: {[os.path.basename(c) for c, _ in skipped]})." if skipped else ".")
+                + " Pass --overwrite_output_dir true to start over."
             )
+        if skipped:
+            logger.warning(f"Resuming from {found}, the newest complete checkpoint.")
         return found
     if resume_from_checkpoint:
-        missing = missing_files(resume_from_checkpoint, required)
-        if missing:
+        if not os.path.exists(resume_from_checkpoint):
+            raise ValueError(f"resume_from_checkpoint {resume_from_checkpoint} does not exist.")
+        problems = verify(resume_from_checkpoint, required)
+        if problems:
             raise ValueError(
-                f"Checkpoint {resume_from_checkpoint} is incomplete: {missing[0]} is missing (the run was probably "
-                "stopped while saving it), so resuming from it would silently reset state. Resume from an earlier "
-                "checkpoint, or pass resume_from_checkpoint=True to take the newest complete one."
+                f"Checkpoint {resume_from_checkpoint} is incomplete: {problems[0]}, so resuming from it would fail or "
+                "silently reset state. Resume from an earlier checkpoint, or pass resume_from_checkpoint=True to take "
+                "the newest complete one."
             )
         return resume_from_checkpoint
     return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Relaunch safety
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def previous_run(output_dir: str) -> list[str]:
+    """What a previous run left in `output_dir` that a new one would delete or truncate: its `checkpoint-N` folders
+    (rotation removes them) and a non-empty `prompt_stats.jsonl` (a fresh run restarts it)."""
+    found = [os.path.basename(folder) for folder in checkpoints(output_dir)]
+    stats = os.path.join(output_dir, PROMPT_STATS_LOG)
+    if os.path.isfile(stats) and os.path.getsize(stats) > 0:
+        found.append(PROMPT_STATS_LOG)
+    return found
+
+
+def check_output_dir(output_dir: str, resume_from_checkpoint: str | bool | None, overwrite_output_dir: bool) -> None:
+    """Refuse, with a `ValueError` (one line), a launch that would silently destroy or misuse what is on disk:
+
+    - `output_dir` holds a previous run (`previous_run`) and neither `resume_from_checkpoint` nor
+      `overwrite_output_dir` says what to do with it;
+    - both are given (continue *and* start over);
+    - an explicit `resume_from_checkpoint` folder that does not exist, or `True` with no checkpoint in `output_dir`.
+
+    Cheap (no file is read): the CLI calls it before the model loads, `OR1Trainer.train` before training.
+    """
+    latest = _wants_latest(resume_from_checkpoint)
+    if resume_from_checkpoint and overwrite_output_dir:
+        raise ValueError(
+            "--resume_from_checkpoint (continue the run) and --overwrite_output_dir true (start over) contradict each "
+            "other: pass one of them."
+        )
+    if resume_from_checkpoint and not latest and not os.path.exists(resume_from_checkpoint):
+        raise ValueError(f"resume_from_checkpoint {resume_from_checkpoint} does not exist.")
+    if latest and not checkpoints(output_dir):
+        raise ValueError(
+            f"--resume_from_checkpoint true: {output_dir} holds no checkpoint-N folder to resume from "
+            "(drop the flag to start a new run there)."
+        )
+    found = previous_run(output_dir)
+    if found and not resume_from_checkpoint and not overwrite_output_dir:
+        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        if found == [PROMPT_STATS_LOG]:  # killed before its first checkpoint: nothing to continue from
+            raise ValueError(
+                f"{output_dir} holds a previous run's {PROMPT_STATS_LOG} but no checkpoint, so --resume_from_checkpoint "
+                "true cannot continue it: pass --overwrite_output_dir true to start over and delete it "
+                "(OR1Config(overwrite_output_dir=True)), or choose another --output_dir."
+            )
+        raise ValueError(
+            f"{output_dir} holds a previous run ({shown}): pass --resume_from_checkpoint true to continue it "
+            "(train(resume_from_checkpoint=True)), or --overwrite_output_dir true to start over and delete them "
+            "(OR1Config(overwrite_output_dir=True)), or choose another --output_dir."
+        )
+
+
+def start_over(output_dir: str) -> list[str]:
+    """Remove what a previous run left in `output_dir` (`previous_run`); returns what was removed."""
+    found = previous_run(output_dir)
+    for name in found:
+        path = os.path.join(output_dir, name)
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    return found
+
+
+def prepare_output_dir(output_dir: str, resume_from_checkpoint, overwrite_output_dir: bool, main_process: bool) -> None:
+    """At the start of training: `check_output_dir`, then, with `overwrite_output_dir`, `start_over` (main process)."""
+    check_output_dir(output_dir, resume_from_checkpoint, overwrite_output_dir)
+    if overwrite_output_dir and main_process:
+        removed = start_over(output_dir)
+        if removed:
+            logger.warning(f"overwrite_output_dir=True: starting over in {output_dir}, removed the previous run's {removed}.")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Full disk
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _disk_full(exc: BaseException, folder: str) -> bool:
+    """Whether `exc`, raised while saving into `folder`, is the disk running full.
+
+    safetensors and `open` say so (ENOSPC/EDQUOT, "No space left"); `torch.save` does not ("unexpected pos 576 vs
+    534"), so a disk left with less than one MiB free after the error counts too.
+    """
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(seen) or "os error 28" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    existing = folder if os.path.isdir(folder) else os.path.dirname(folder)
+    try:
+        return shutil.disk_usage(existing).free < EDGE_BYTES
+    except OSError:
+        return False
+
+
+@contextmanager
+def saving(folder: str):
+    """Around the writing of checkpoint `folder`: a full disk becomes a one-line `DiskFullError` ("no space left on
+    <dir>: ..."), and the partial folder is removed, so the previous complete checkpoint stays the one to resume from.
+
+    A marker already in `folder` (a resumed run saving over a step it had saved before) is removed first: the folder
+    is no longer complete until its new marker is written."""
+    try:
+        with suppress(FileNotFoundError):
+            os.remove(os.path.join(folder, MARKER_FILE))
+        yield
+    except Exception as exc:
+        if not _disk_full(exc, folder):
+            raise
+        shutil.rmtree(folder, ignore_errors=True)
+        output_dir = os.path.dirname(folder)
+        earlier = [os.path.basename(c) for c in checkpoints(output_dir) if os.path.exists(os.path.join(c, MARKER_FILE))]
+        resume = f"resume from {earlier[-1]}" if earlier else "no earlier checkpoint to resume from"
+        raise DiskFullError(
+            f"no space left on {output_dir}: {os.path.basename(folder)} was not saved (its partial folder is removed); "
+            f"free space, then --resume_from_checkpoint true ({resume})."
+        ) from None

@@ -337,6 +337,12 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
             parser.error(problem)
         if os.path.isdir(os.path.expanduser(model_args.model_name_or_path)):
             model_args.model_name_or_path = os.path.expanduser(model_args.model_name_or_path)
+    from .checkpoint import check_output_dir
+
+    try:  # a previous run in --output_dir, a missing checkpoint: refused before the model loads
+        check_output_dir(training_args.output_dir, training_args.resume_from_checkpoint, training_args.overwrite_output_dir)
+    except ValueError as exc:
+        parser.error(str(exc))
 
     from trl import get_peft_config
 
@@ -430,8 +436,10 @@ def demo(argv: list[str] | None = None, prog: str | None = "or1-trl demo") -> No
 
     from accelerate import PartialState
 
-    from .demo import outputs_line, run_demo, summary_line
+    from .demo import check_demo_dir, outputs_line, run_demo, summary_line
 
+    with input_errors(parser):  # another run's directory: one line, before the warm-up
+        check_demo_dir(args.output_dir)
     rewards = run_demo(args.output_dir, sft_steps=args.sft_steps, seed=args.seed, max_steps=args.max_steps)
     if PartialState().is_main_process:  # one line each per run, not one per rank
         print(outputs_line(args.output_dir), flush=True)

@@ -139,6 +139,11 @@ class OR1Config(GRPOConfig):
         skipped_steps_warning (`int`, *optional*, defaults to `5`):
             Warn once when this many consecutive optimizer steps were skipped (no trainable token: every group
             rejected, or every completion masked), saying why and what to check; 0 disables it.
+        overwrite_output_dir (`bool`, *optional*, defaults to `False`):
+            Start over in an `output_dir` that holds a previous run (its `checkpoint-N` folders or
+            `prompt_stats.jsonl`): they are removed when training starts. Without it (or `resume_from_checkpoint`,
+            which continues the run) such an `output_dir` is refused, so nothing of a previous run is lost silently.
+            (transformers 5 dropped `TrainingArguments.overwrite_output_dir`; this is OR1's, `or1_trl/checkpoint.py`.)
 
     `use_liger_kernel=True` (TRL's field: Liger's Triton layer kernels, as Skywork trained with them) is CUDA-only;
     on CPU it is an error. `bf16` left unset (TRL turns it on) is `False` on a machine without CUDA (one log line says
@@ -298,6 +303,15 @@ class OR1Config(GRPOConfig):
             "help": "What computes per-token log-probs and entropies without [B, T, V] logits: 'trl' (TRL's fused LM "
             "head), 'liger' (Liger-Kernel's fused linear cross-entropy) or 'auto' (liger on CPU, trl on GPUs).",
             "choices": list(LOGPROB_BACKENDS),
+        },
+    )
+
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Start over in an output_dir holding a previous run: its checkpoint-N folders and "
+            "prompt_stats.jsonl are removed. Without it, or --resume_from_checkpoint true to continue the run, such "
+            "an output_dir is refused."
         },
     )
 

@@ -5,6 +5,11 @@
 3. `OR1Trainer` with the MAGIC defaults (rejection sampling, adaptive entropy control, token-level loss, τ = 1.0)
    trains against the paper's Math-Verify reward (`or1_trl.rewards.math_reward`). Only the learning rate is raised: the paper's 1e-6 is for 7B models.
 
+The demo starts over in its own output directory every time it runs, and says so (`mark_demo_dir`): what an
+earlier demo left there is replaced (`OR1Config.overwrite_output_dir`), unlike `or1-trl train`, which refuses an
+output directory holding a previous run. A directory holding a run that is not the demo's is refused
+(`check_demo_dir`).
+
 `run_demo()` saves the trained model and tokenizer in `output_dir` and returns the per-step rewards; `or1-trl demo`
 (`or1_trl/cli.py`) prints where the outputs are (`outputs_line`) and `OR1 demo: reward A -> B` (first 5 / last 5
 steps), on the main process only. The SFT warm-up prints its loss four times (`SFTProgress`).
@@ -12,12 +17,15 @@ steps), on the main process only. The SFT warm-up prints its loss four times (`S
 
 from __future__ import annotations
 
+import json
+import os
 import random
 
 from datasets import Dataset
 from transformers import PrinterCallback, TrainerCallback
 
 PROMPT = "Q: {a}+{b}=? A:"
+DEMO_MARK = "or1_demo.json"  # written into the demo's output directory: the demo may start over there
 
 
 def addition_dataset(n: int, seed: int = 0, max_operand: int = 5) -> Dataset:
@@ -120,22 +128,47 @@ def demo_model_and_data(sft_output_dir: str, sft_steps: int = 60, seed: int = 0)
     return model, tokenizer, train.remove_columns("completion")
 
 
+def check_demo_dir(output_dir: str) -> None:
+    """The demo starts over only in a directory that is new, holds no previous run, or holds an earlier demo
+    (`DEMO_MARK`): a directory holding another run's checkpoints or statistics is refused (`ValueError`), so the
+    demo never deletes those."""
+    from .checkpoint import previous_run
+
+    previous = previous_run(output_dir)
+    if previous and not os.path.exists(os.path.join(output_dir, DEMO_MARK)):
+        raise ValueError(
+            f"{output_dir} holds a training run that is not the demo's ({', '.join(previous[:3])}); the demo starts over "
+            "in its own directory every time, so it does not touch that one: pass another --output_dir."
+        )
+
+
+def mark_demo_dir(output_dir: str) -> None:
+    """Mark `output_dir` as the demo's (main process) and say that the demo starts over there."""
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, DEMO_MARK), "w") as f:
+        json.dump({"written_by": "or1-trl demo"}, f)
+    print(f"Starting over in {output_dir}: each demo run replaces the previous one there.", flush=True)
+
+
 def run_demo(output_dir: str = "outputs/or1-demo", sft_steps: int = 60, seed: int = 0, reward_func=None, **overrides):
     """Run warm-up + OR1 training, scored by `math_reward` (paper §7.1). Returns the per-step mean rewards."""
     from .rewards import math_reward
     from .trainer import OR1Trainer
 
+    check_demo_dir(output_dir)  # before the warm-up: another run's directory is refused
     model, tokenizer, train = demo_model_and_data(f"{output_dir}/sft", sft_steps, seed)
     printer = StepPrinter()
     trainer = OR1Trainer(
         model=model,
         reward_funcs=reward_func or math_reward,
-        args=demo_config(output_dir, seed=seed, **overrides),
+        args=demo_config(output_dir, seed=seed, overwrite_output_dir=True, **overrides),
         train_dataset=train,
         processing_class=tokenizer,
         callbacks=[printer],
     )
     trainer.remove_callback(PrinterCallback)  # StepPrinter prints the one line per step instead of the raw dict
+    if trainer.accelerator.is_main_process:
+        mark_demo_dir(output_dir)  # the trainer (overwrite_output_dir=True) removes the earlier demo's run
     trainer.train()
     trainer.save_model(output_dir)  # the model and its tokenizer: `AutoModelForCausalLM.from_pretrained(output_dir)`
     return printer.rewards

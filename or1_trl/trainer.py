@@ -98,7 +98,7 @@ KEPT_GROUP_ROWS_KEY = "or1_kept_group_rows"  # rows of kept groups, over all ran
 INDEX_COLUMN = "or1_index"  # added to the train dataset: the row's index, for per-prompt statistics
 PROMPTS_STATE_FILE = "or1_prompts.json"  # pool, sampler position, size of prompt_stats.jsonl
 PROMPT_STATS_STATE_FILE = "or1_prompt_stats.json"  # the aggregate per-prompt statistics
-PROMPT_STATS_LOG = "prompt_stats.jsonl"
+PROMPT_STATS_LOG = checkpoint.PROMPT_STATS_LOG  # per-prompt outcomes, one record per prompt and step
 
 
 class _StageEnd(TrainerCallback):
@@ -596,15 +596,17 @@ class OR1Trainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         save_total_limit = self.args.save_total_limit
         self.args.save_total_limit = None  # hold back transformers' rotation until this checkpoint is complete
-        try:
-            super()._save_checkpoint(model, trial)
-        finally:
-            self.args.save_total_limit = save_total_limit
-        if not self.args.should_save:
-            return
         run_dir = self._get_output_dir(trial=trial)
         folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        checkpoint.write_state(folder, self._or1_state(), self._checkpoint_files())
+        with checkpoint.saving(folder):  # a full disk: one line, and the previous checkpoint stays the one to resume
+            try:
+                super()._save_checkpoint(model, trial)
+            finally:
+                self.args.save_total_limit = save_total_limit
+            self.accelerator.wait_for_everyone()  # every rank's files are written before the marker lists them
+            if not self.args.should_save:
+                return
+            checkpoint.write_state(folder, self._or1_state(), self._checkpoint_files())
         hf_trainer.rotate_checkpoints(
             output_dir=run_dir,
             save_total_limit=save_total_limit,
@@ -615,9 +617,11 @@ class OR1Trainer(GRPOTrainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
         """`Trainer.train`, resuming only from complete checkpoints, and running every stage of `OR1Config.stages`.
 
-        `resume_from_checkpoint=True` (or `"true"`) takes the newest *complete* checkpoint of `output_dir`
-        (`checkpoint.py`); an explicit folder that is incomplete (the run was killed while saving it) is an error
-        naming what it lacks.
+        `resume_from_checkpoint=True` (or `"true"`) takes the newest checkpoint of `output_dir` that verifies against
+        its marker (`checkpoint.py`), saying which newer ones it skipped and why; an explicit folder that is missing
+        or incomplete is an error naming why. An `output_dir` holding a previous run is refused unless
+        `resume_from_checkpoint` or `overwrite_output_dir=True` (start over: its checkpoints and
+        `prompt_stats.jsonl` are removed) says what to do with it.
 
         Stages: each stage is one pass of transformers' training loop, from the previous stage's last step to its own
         `until_step`, with the stage's generation length, group size, batch shape, temperature and learning rate. A
@@ -625,11 +629,10 @@ class OR1Trainer(GRPOTrainer):
         the global step, optimizer, scheduler, RNG, entropy controller, prompt pool and statistics carry over. At
         each stage start the online filter shrinks the pool (paper §3.1).
         """
+        overwrite = getattr(self.args, "overwrite_output_dir", False)  # OR1Config's (relaunch safety)
+        checkpoint.prepare_output_dir(self.args.output_dir, resume_from_checkpoint, overwrite, self.accelerator.is_main_process)
+        self.accelerator.wait_for_everyone()
         folder = checkpoint.resolve_resume(self.args.output_dir, resume_from_checkpoint, self._checkpoint_files())
-        if folder is not None and folder != (checkpoint.checkpoints(self.args.output_dir) or [None])[-1]:
-            logger.warning(f"Resuming from {folder}; newer checkpoints in {self.args.output_dir} are incomplete or later.")
-        if self.prompt_stats is not None and folder is None and self.accelerator.is_main_process:
-            self._stats_log.truncate(0)  # a fresh run starts a fresh log
         while True:
             if folder is not None:
                 self._load_or1_state(folder)
