@@ -106,10 +106,14 @@ from .runner import DEFAULT_UID_BASE, Sandbox, available_backend
 
 __all__ = [
     "BACKENDS",
+    "DEFAULT_UID_BASE",
+    "LOST_ISOLATION",
+    "NONCE_LEN",
     "Sandbox",
     "SandboxError",
     "SandboxResult",
     "SandboxUnavailable",
+    "UnserialisableValue",
     "available_backend",
     "bwrap_candidates",
     "decode_value",
