@@ -7,7 +7,9 @@ after the probe). ``test_suite_as_unprivileged_user`` (test_code_sandbox.py) re-
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -19,6 +21,7 @@ import pytest
 
 from or1_trl.rewards.code import CodeReward
 from or1_trl.rewards.sandbox import LOST_ISOLATION, Sandbox, SandboxError, SandboxUnavailable, bwrap_candidates
+from or1_trl.rewards.sandbox import decode_value, driver, encode_value
 
 CORRECT = "```python\nprint(int(input()) + 1)\n```"
 WRONG = "```python\nprint(int(input()) + 2)\n```"
@@ -170,14 +173,19 @@ def test_system_bwrap_wins_then_the_wheel(sandbox_missing):
 
 @pytest.mark.parametrize("backend", ["bwrap", "unshare"])
 def test_venv_and_package_under_tmp(backend, scratch, sandbox_missing):
-    # This module's sandbox.py, copied below /tmp: its Sandbox runs that copy as the driver.
-    stage = os.path.join(scratch, "pkg")
-    os.mkdir(stage)
-    shutil.copy(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "or1_trl", "rewards",
-                             "sandbox.py"), stage)
-    spec = importlib.util.spec_from_file_location("or1_sandbox_under_tmp", os.path.join(stage, "sandbox.py"))
+    # The sandbox package, copied below /tmp: its Sandbox runs that copy's driver.py as the driver.
+    stage = os.path.join(scratch, "pkg", "sandbox")
+    shutil.copytree(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "or1_trl", "rewards",
+                                 "sandbox"), stage, ignore=shutil.ignore_patterns("__pycache__"))
+    spec = importlib.util.spec_from_file_location("or1_sandbox_under_tmp", os.path.join(stage, "__init__.py"),
+                                                  submodule_search_locations=[stage])
     copy = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(copy)
+    sys.modules[spec.name] = copy  # its relative imports load the copy's own modules
+    try:
+        spec.loader.exec_module(copy)
+    finally:  # the next case loads its own copy
+        for name in [m for m in sys.modules if m == spec.name or m.startswith(spec.name + ".")]:
+            del sys.modules[name]
     assert copy.Sandbox.__init__.__code__.co_filename.startswith(scratch)
     canary = os.path.join(scratch, "host-file")
     open(canary, "w").close()
@@ -220,6 +228,38 @@ def test_venv_and_package_under_tmp(backend, scratch, sandbox_missing):
     assert venv_state == "venv read-only"
     assert not os.path.exists(os.path.join(venv, "pwned"))
     assert not os.path.exists(inside)
+
+
+def test_driver_is_a_standalone_file(scratch):
+    """The driver runs inside the sandbox as a file of its own: it imports the standard library only (nothing of
+    or1_trl, no relative import), and a copy of it alone, where no or1_trl exists, speaks the whole protocol."""
+    imported = set()
+    for node in ast.walk(ast.parse(open(driver.__file__).read())):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"driver.py line {node.lineno}: a relative import"
+            imported.add(node.module.split(".")[0])
+    assert "or1_trl" not in imported and imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    assert {"json", "os", "select"} <= imported  # the walk saw the imports
+
+    alone = os.path.join(scratch, "alone")
+    os.mkdir(alone)
+    shutil.copy(driver.__file__, alone)
+    nonce = uuid.uuid4().hex * 2  # 64 hex characters
+    # own_pidns is left out: outside a PID namespace of its own, the driver must not kill(-1) the host's processes
+    job = {"kind": "call", "code": "def f(x, ys):\n    return (x * 2, sorted(ys))\n", "fn_name": "f",
+           "tests": [{"args": encode_value([3, {2, 1}])}, {"args": encode_value([1.5, "ba"])}],
+           "timeout": 5, "memory_bytes": 1 << 30, "max_output": 1 << 16, "max_file": 1 << 20}
+    out = subprocess.run([sys.executable, "-I", "-B", os.path.join(alone, "driver.py")],
+                         input=(nonce + json.dumps(job)).encode(), capture_output=True, cwd=alone, timeout=60)
+    assert out.returncode == 0, out.stderr
+    tags, records = zip(*(line.split(" ", 1) for line in out.stdout.decode().splitlines()))
+    assert tags == (nonce,) * 4
+    ready, first, second, done = map(json.loads, records)
+    assert ready == {"ready": 2} and done == {"done": 2}
+    assert (first["i"], first["status"], decode_value(first["value"])) == (0, "ok", (6, [1, 2]))
+    assert (second["i"], second["status"], decode_value(second["value"])) == (1, "ok", (3.0, ["a", "b"]))
 
 
 # ------------------------------------------------------------------------------------------------------

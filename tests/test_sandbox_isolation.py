@@ -18,10 +18,10 @@ import uuid
 
 import pytest
 
-from or1_trl.rewards import sandbox_memory
 from or1_trl.rewards.code import CodeReward
 from or1_trl.rewards.sandbox import Sandbox, SandboxUnavailable
-from or1_trl.rewards.sandbox_slots import acquire_uid_slot, slot_directory
+from or1_trl.rewards.sandbox import memory as sandbox_memory
+from or1_trl.rewards.sandbox.slots import acquire_uid_slot, slot_directory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IS_ROOT = os.geteuid() == 0
@@ -53,7 +53,7 @@ def reward(sandbox_missing):
 
 _HOLDER = textwrap.dedent("""
     import os, sys, time
-    from or1_trl.rewards.sandbox_slots import acquire_uid_slot
+    from or1_trl.rewards.sandbox.slots import acquire_uid_slot
     slot = acquire_uid_slot(int(sys.argv[1]))
     if os.fork() == 0:  # a process left under the slot's uid, as a crashed trainer's sandbox could leave one
         os.close(slot._fd)  # (sandboxes are exec'd with close_fds: they never hold the lock)

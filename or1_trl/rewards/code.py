@@ -232,7 +232,7 @@ class CodeReward:
     built (and its backend probed) on the first call; ``backend``, ``min_isolation``, ``python`` and
     ``memory_enforcement`` are passed to it. ``memory_mb`` bounds a sample's whole process tree; it and
     ``max_processes`` default to values derived from the machine's memory and the samples running at once
-    (``num_workers`` × ``LOCAL_WORLD_SIZE``), see :func:`or1_trl.rewards.sandbox_memory.sample_limits`.
+    (``num_workers`` × ``LOCAL_WORLD_SIZE``), see :func:`or1_trl.rewards.sandbox.memory.sample_limits`.
 
     Each sample gets a status (logged by TRL as ``code_reward_status``): ``pass``; a failure of the program —
     ``wrong`` (ran, wrong output), ``error`` (exception / non-zero exit), ``timeout``, ``signal``,
