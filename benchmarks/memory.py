@@ -49,6 +49,7 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
+from trl import GRPOTrainer
 
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.logprobs import LigerLogProbFunction
@@ -160,8 +161,8 @@ def step_work(backend: str, tokens: int, shapes: Shapes, output_dir: str):
     return trainer.train
 
 
-class NaiveLogitsOR1Trainer(OR1Trainer):
-    """OR1Trainer taking log-probs and entropies from the model's `[B, T, V]` logits (GRPO before fused heads)."""
+class _NaiveLogitsHead(GRPOTrainer):
+    """GRPOTrainer's log-prob pass taking log-probs and entropies from the model's `[B, T, V]` logits."""
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **_):
@@ -169,6 +170,12 @@ class NaiveLogitsOR1Trainer(OR1Trainer):
                        logits_to_keep=logits_to_keep + 1).logits[:, :-1]  # [B, T, V]
         logps, entropies = naive_logps_and_entropy(logits, input_ids[:, -logits_to_keep:], self.temperature)
         return logps, (entropies if compute_entropy else None), None
+
+
+class NaiveLogitsOR1Trainer(OR1Trainer, _NaiveLogitsHead):
+    """OR1Trainer taking log-probs and entropies from the model's `[B, T, V]` logits (GRPO before fused heads). The
+    naive head sits below OR1Trainer in the method order, so OR1's own `_get_per_token_logps_and_entropies` (which
+    keeps the policy pass for the entropy term) still wraps it."""
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -380,7 +380,7 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
         if training_args.process_index == 0:
             print("\n".join(report), flush=True)
         single = {"math": math_reward, "code": code_reward}
-        reward_funcs = [single[abilities[0]] if len(abilities) == 1 else mixed_rewards(abilities)]
+        reward_funcs = [single[abilities[0]]] if len(abilities) == 1 else mixed_rewards(abilities)  # a list
     reward_funcs = reward_funcs + extra_rewards
 
     training_args.model_init_kwargs = {

@@ -90,6 +90,9 @@ def test_uid_slots_are_unique_across_processes_and_reclaimed_after_a_crash(monke
     try:
         held = int(holder.stdout.readline())
         assert held == base
+        deadline = time.monotonic() + 10  # the child calls setuid after the holder prints: wait for it (loaded CI)
+        while len(_uid_processes(held)) != 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert len(_uid_processes(held)) == 1  # the holder's leftover child
         with acquire_uid_slot(base) as mine, acquire_uid_slot(base) as mine2:  # threads of one process differ too
             assert (mine.uid, mine2.uid) == (base + 1, base + 2)
