@@ -1,0 +1,496 @@
+"""The contract with TRL and transformers: every private name of theirs that `or1_trl` overrides, calls, reads or
+writes, with the signature it relies on (issue 22.5).
+
+`pyproject.toml` pins `trl==1.16.*`. A TRL (or transformers) release that renames a hook, changes its parameters or
+drops an attribute fails here, in one place, with a message naming the symbol, how `or1_trl` uses it and the
+installed versions — instead of in scattered places at run time.
+
+`CONTRACT` is the table. Kinds:
+
+- `method`: a method of a TRL/transformers class that OR1 overrides or calls; `params` is the parameter list it
+  relies on (names; `*args`, `**kwargs`; `name=` has a default; a trailing `...` allows more after them);
+- `attribute`: an instance attribute that the owner's own code sets (`self.name = ...` in its source) and OR1
+  reads, writes or shadows with a property;
+- `class attribute`: an attribute of the owner class itself;
+- `module global`: a module-level name of a TRL/transformers module that OR1 reads, imports or swaps (`params` as
+  for methods when it is a function OR1 calls).
+
+`test_contract_table_is_complete` scans the package (`ast`, every module but `vllm_ext/`, which runs inside the vLLM
+server) and fails when a use is missing from the table, so that a new private use must be registered here, and when
+an entry is no longer used, so that the table stays the list of hooks the architecture doc describes. What it finds:
+
+- in classes deriving from a TRL/transformers class: every method that overrides one of theirs (public hooks too),
+  every `super().name(...)`, every `self._name` that is theirs, every `self.name = ...` that writes their state;
+- anywhere: `x._name` where `_name` is a private name of a TRL/transformers class the package subclasses;
+- anywhere: attributes of a TRL/transformers module bound to a name (`import trl.trainer.utils as trl_utils`,
+  `from trl.trainer import grpo_trainer`), and `f(module, "name", ...)` (a swap by name);
+- imports of names that the top-level `trl` / `transformers` packages do not export.
+
+To add an entry: run this file; the failure lists the missing `(owner, name, kind)` and where each is used; add a
+`Use(...)` line with the parameters relied on (copy TRL's signature) and one line on why.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+import inspect
+import pathlib
+import textwrap
+from dataclasses import dataclass
+
+import pytest
+import transformers
+import trl
+
+import or1_trl
+
+PACKAGE = pathlib.Path(or1_trl.__file__).parent
+EXTERNAL = ("trl", "transformers")
+SKIPPED = ("vllm_ext",)  # runs inside the vLLM server (its own venv): not a TRL contract
+
+
+@dataclass(frozen=True)
+class Use:
+    """One private (or hooked) TRL/transformers name `or1_trl` relies on.
+
+    Args:
+        owner: import path of the class or module holding it ("trl.GRPOTrainer", "trl.trainer.utils").
+        name: the attribute.
+        kind: "method", "attribute", "class attribute" or "module global".
+        params: for methods and called functions, the parameters relied on (see the module docstring); else None.
+        why: where and how `or1_trl` uses it (for the failure message and the architecture doc).
+        scanned: False for a use the completeness scan cannot see (a public attribute of a TRL object the trainer
+            holds, e.g. `self.vllm_generation.temperature = ...`): exempt from the "no longer used" check.
+    """
+
+    owner: str
+    name: str
+    kind: str
+    params: str | None
+    why: str
+    scanned: bool = True
+
+
+METHOD, ATTRIBUTE, CLASS_ATTRIBUTE, GLOBAL = "method", "attribute", "class attribute", "module global"
+GRPO, TRAINER = "trl.GRPOTrainer", "transformers.Trainer"
+VLLM_GENERATION = "trl.generation.vllm_generation.VLLMGeneration"
+VLLM_CLIENT = "trl.generation.vllm_client.VLLMClient"
+CALLBACK = "transformers.TrainerCallback"
+CALLBACK_PARAMS = "self, args, state, control, **kwargs"
+
+CONTRACT: list[Use] = [
+    # --- GRPOTrainer: the hooks OR1Trainer overrides (trainer.py) ----------------------------------------------
+    Use(GRPO, "__init__", METHOD, "self, model, reward_funcs=, args=, train_dataset=, eval_dataset=, ...",
+        "trainer.py: OR1Trainer.__init__ passes model, reward_funcs, args, train_dataset, eval_dataset positionally"),
+    Use(GRPO, "_calculate_rewards", METHOD, "self, inputs, prompts, completions, completion_ids_list",
+        "trainer.py overrides: rewards of all ranks [B*G, F] for rejection, per-prompt statistics, non-finite check"),
+    Use(GRPO, "_generate_and_score_completions", METHOD, "self, inputs",
+        "trainer.py overrides: per-prompt statistics, rejection sampling and refill, T_k over the kept tokens"),
+    Use(GRPO, "_compute_loss", METHOD, "self, model, inputs",
+        "trainer.py overrides: TRL's loss on the kept tokens (mask passed as tool_mask), + α·H, eq. 3.2 controller"),
+    Use(GRPO, "_get_per_token_logps_and_entropies", METHOD,
+        "self, model, input_ids, attention_mask, logits_to_keep, batch_size=, compute_entropy=, compute_aux_loss=, ...",
+        "trainer.py overrides: Liger's kernel inside TRL's fused head; keeps the policy pass's (logps, entropies, aux)"),
+    Use(GRPO, "_generate", METHOD, "self, prompts", "trainer.py overrides: times the rollout phase"),
+    Use(GRPO, "_prepare_inputs", METHOD, "self, generation_batch", "trainer.py overrides: times the 'other' phase"),
+    Use(GRPO, "training_step", METHOD, "self, model, inputs, num_items_in_batch",
+        "trainer.py overrides: times the update, drops the gradients of a step with no trainable token"),
+    Use(GRPO, "_tokenize_prompts", METHOD, "self, prompts",
+        "trainer.py overrides (max_prompt_length cut) and calls TRL's to measure prompt lengths before training"),
+    Use(GRPO, "_get_train_sampler", METHOD, "self, dataset=",
+        "trainer.py overrides: the prompt pool's sampler (prompts.PromptSampler) when stages are set"),
+    Use(GRPO, "_save_checkpoint", METHOD, "self, model, trial",
+        "trainer.py overrides: OR1 state files and the completeness marker after TRL's files, then rotation"),
+    Use(GRPO, "_load_optimizer_and_scheduler", METHOD, "self, checkpoint",
+        "trainer.py overrides: a stage's learning rate after TRL restores the optimizer (and the controller)"),
+    Use(GRPO, "create_model_card", METHOD, "self, model_name=, dataset_name=, tags=",
+        "trainer.py overrides: the OR1 section inserted into the card TRL writes"),
+    Use(GRPO, "get_high_entropy_mask", METHOD, "self, entropies, mask, threshold",
+        "trainer.py calls it: the 80/20 'selected' normaliser counts TRL's own high-entropy tokens"),
+    Use(GRPO, "_paper", CLASS_ATTRIBUTE, None, "trainer.py: the model card cites GRPO's paper after OR1's"),
+    Use(GRPO, "_name", CLASS_ATTRIBUTE, None, "trainer.py sets it: the model card's trainer name ('OR1')"),
+    Use(GRPO, "_tag_names", CLASS_ATTRIBUTE, None, "trainer.py sets it: the Hub tags of the model card (+ 'or1')"),
+    # --- GRPOTrainer: its state OR1Trainer reads or writes -------------------------------------------------------
+    Use(GRPO, "_metrics", ATTRIBUTE, None, "trainer.py appends OR1's metrics to TRL's {'train'|'eval': {key: [..]}}"),
+    Use(GRPO, "_step", ATTRIBUTE, None, "trainer.py resets TRL's generation counter at a stage start"),
+    Use(GRPO, "_buffered_inputs", ATTRIBUTE, None, "trainer.py drops TRL's buffered rollout at a stage start"),
+    Use(GRPO, "_last_world_entropy", ATTRIBUTE, None,
+        "trainer.py shadows it with a property: TRL's controller state is OR1's (saved by TRL's checkpointing)"),
+    Use(GRPO, "entropy_coef", ATTRIBUTE, None, "trainer.py shadows it with a property (the controller's c)"),
+    Use(GRPO, "_entropy_bonus_enabled", ATTRIBUTE, None,
+        "trainer.py switches TRL's own entropy bonus off inside _compute_loss (OR1 adds α·H itself)"),
+    Use(GRPO, "_tokenizer", ATTRIBUTE, None, "trainer.py reads the pad token id (truncation rule, batch concat)"),
+    Use(GRPO, "_is_vlm", ATTRIBUTE, None, "trainer.py: no prompt-length check for vision-language models"),
+    Use(GRPO, "max_completion_length", ATTRIBUTE, None, "trainer.py writes it at a stage start"),
+    Use(GRPO, "num_generations", ATTRIBUTE, None, "trainer.py writes it at a stage start"),
+    Use(GRPO, "temperature", ATTRIBUTE, None, "trainer.py writes it at a stage start (the fused head is re-patched)"),
+    Use(GRPO, "generation_kwargs", ATTRIBUTE, None, "trainer.py updates max_new_tokens and temperature at a stage start",
+        scanned=False),
+    Use(GRPO, "generation_config", ATTRIBUTE, None, "trainer.py writes max_new_tokens and temperature at a stage start",
+        scanned=False),
+    Use(GRPO, "reward_funcs", ATTRIBUTE, None,
+        "reward_checks.record_abstentions swaps them for recorders around TRL's _calculate_rewards", scanned=False),
+    Use(GRPO, "callback_handler", ATTRIBUTE, None,
+        "trainer.py replaces callback_handler.on_train_end during a stage that is not the last", scanned=False),
+    # --- transformers.Trainer ----------------------------------------------------------------------------------
+    Use(GRPO, "train", METHOD, "self, resume_from_checkpoint=, trial=, ignore_keys_for_eval=",
+        "trainer.py overrides: verified resume, one pass of the loop per stage"),
+    Use(GRPO, "get_batch_samples", METHOD, "self, epoch_iterator, num_batches, device",
+        "trainer.py overrides: restores the checkpoint's RNG after the first fetch on a stage resume"),
+    Use(GRPO, "_get_output_dir", METHOD, "self, trial", "trainer.py: the run dir of the checkpoint being saved"),
+    Use(GRPO, "_load_rng_state", METHOD, "self, checkpoint", "trainer.py: RNG of a resumed stage"),
+    Use("transformers.trainer", "TRAINER_STATE_NAME", GLOBAL, None,
+        "trainer.py and observability.py: the file a checkpoint must hold; the final trainer_state.json"),
+    Use("transformers.trainer", "rotate_checkpoints", GLOBAL,
+        "output_dir, save_total_limit=, best_model_checkpoint=, use_mtime=, checkpoint_prefix=",
+        "trainer.py calls it after the completeness marker is written (rotation held back until then)"),
+    Use("transformers.trainer_utils", "PREFIX_CHECKPOINT_DIR", GLOBAL, None, "trainer.py: checkpoint-<step> folders"),
+    Use("transformers.integrations.deepspeed", "is_deepspeed_zero3_enabled", GLOBAL, "",
+        "logprobs.py: Liger cannot run under ZeRO-3"),
+    # --- TRL helpers and module globals --------------------------------------------------------------------------
+    Use("trl.trainer.utils", "add_fused_lm_head", GLOBAL,
+        "model, temperature=, cast_lm_head_to_fp32=, outputs=",
+        "trainer.py re-patches the head with a stage's temperature"),
+    Use("trl.trainer.utils", "get_config_model_id", GLOBAL, "config", "trainer.py: default output dir, model card"),
+    Use("trl.trainer.utils", "is_async_callable", GLOBAL, "func",
+        "reward_checks.py: an async reward gets an async recorder (TRL awaits it)"),
+    Use("trl.trainer.utils", "_ChunkedLogProbFunction", GLOBAL, None,
+        "logprobs.py swaps it for LigerLogProbFunction inside liger_lm_head() (same apply(...) outputs)"),
+    Use("trl.trainer.utils", "_use_triton", GLOBAL, "device",
+        "logprobs.py swaps it inside liger_lm_head(): score only the valid positions"),
+    Use("trl.trainer.grpo_trainer", "VLLMGeneration", GLOBAL, None,
+        "weight_sync.generation_backend swaps it during GRPOTrainer.__init__ for OR1VLLMGeneration"),
+    Use("trl.generation.vllm_generation", "VLLMClient", GLOBAL, None,
+        "weight_sync.py swaps it inside OR1VLLMGeneration._init_vllm for OR1VLLMClient (the API key)"),
+    Use("trl.generation.vllm_client", "is_vllm_available", GLOBAL, None,
+        "weight_sync.http_vllm_client lifts VLLMClient's vLLM check for its constructor (HTTP-only client)"),
+    Use("trl.generation.vllm_client", "VLLMClient", GLOBAL, None, "weight_sync.py subclasses it (OR1VLLMClient)"),
+    Use("trl.generation.vllm_generation", "VLLMGeneration", GLOBAL, None,
+        "weight_sync.py subclasses it (OR1VLLMGeneration)"),
+    # --- VLLMGeneration / VLLMClient (weight_sync.py) ----------------------------------------------------------
+    Use(VLLM_GENERATION, "__init__", METHOD, "self, model, accelerator, processing_class, mode=, ...",
+        "weight_sync.py: OR1VLLMGeneration passes TRL's arguments through"),
+    Use(VLLM_GENERATION, "_init_vllm", METHOD, "self",
+        "weight_sync.py overrides: TRL's with OR1VLLMClient, or an HTTP-only client for the disk sync"),
+    Use(VLLM_GENERATION, "sync_weights", METHOD, "self", "weight_sync.py overrides: the disk weight sync"),
+    Use(VLLM_GENERATION, "_iter_named_params", METHOD, "self",
+        "weight_sync.py calls it: the weights to push (gathered on every rank)"),
+    Use(VLLM_GENERATION, "vllm_client", ATTRIBUTE, None, "weight_sync.py sets the HTTP-only client"),
+    Use(VLLM_GENERATION, "max_completion_length", ATTRIBUTE, None, "trainer.py writes it at a stage start",
+        scanned=False),
+    Use(VLLM_GENERATION, "temperature", ATTRIBUTE, None, "trainer.py writes it at a stage start", scanned=False),
+    Use(VLLM_CLIENT, "__init__", METHOD, "self, base_url=, host=, server_port=, group_port=, connection_timeout=, ...",
+        "weight_sync.py: OR1VLLMClient(base_url=, group_port=, connection_timeout=)"),
+    Use(VLLM_CLIENT, "session", ATTRIBUTE, None,
+        "weight_sync.py shadows it with a property: the session VLLMClient.__init__ creates gets the API key"),
+    # --- OR1Config(GRPOConfig) -----------------------------------------------------------------------------------
+    Use("trl.GRPOConfig", "__post_init__", METHOD, "self", "config.py overrides: stages, presets, validation"),
+    Use("trl.GRPOConfig", "to_dict", METHOD, "self", "config.py overrides: the stages serialise as plain dicts"),
+    Use("transformers.utils", "is_torch_bf16_gpu_available", GLOBAL, "",
+        "config.py: bf16 defaults off where the device has none"),
+    Use("trl.GRPOConfig", "__str__", METHOD, "self", "config.py overrides: the stages print in full"),
+    # --- callbacks (trainer.py, observability.py, demo.py) ------------------------------------------------------
+    Use(CALLBACK, "on_step_end", METHOD, CALLBACK_PARAMS, "trainer._StageEnd, observability.StepTimerCallback"),
+    Use(CALLBACK, "on_train_end", METHOD, CALLBACK_PARAMS, "observability.SaveFinalState, trainer (stages)"),
+    Use(CALLBACK, "on_log", METHOD, CALLBACK_PARAMS, "demo.StepPrinter, demo.SFTProgress (read logs=)"),
+    Use(CALLBACK, "on_pre_optimizer_step", METHOD, CALLBACK_PARAMS, "observability.StepTimerCallback"),
+    Use(CALLBACK, "on_optimizer_step", METHOD, CALLBACK_PARAMS, "observability.StepTimerCallback"),
+    Use(CALLBACK, "on_train_begin", METHOD, CALLBACK_PARAMS, "demo.StepPrinter"),
+]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checking an entry against the installed TRL / transformers
+# ---------------------------------------------------------------------------------------------------------------
+
+def _resolve(path: str):
+    """The class or module at import path `path` ("trl.GRPOTrainer", "trl.trainer.utils")."""
+    try:
+        return importlib.import_module(path)
+    except ImportError:
+        module, _, attr = path.rpartition(".")
+        return getattr(importlib.import_module(module), attr)
+
+
+def _params(fn) -> str:
+    """`fn`'s parameters as the table spells them: names, `*args`, `**kwargs`, `name=` for a default."""
+    spelled = []
+    for p in inspect.signature(fn).parameters.values():
+        prefix = {p.VAR_POSITIONAL: "*", p.VAR_KEYWORD: "**"}.get(p.kind, "")
+        spelled.append(prefix + p.name + ("=" if p.default is not p.empty else ""))
+    return ", ".join(spelled)
+
+
+def _params_match(expected: str, actual: str) -> bool:
+    if expected.endswith(", ..."):
+        head = expected[: -len(", ...")]
+        return actual == head or actual.startswith(head + ", ")
+    return actual == expected
+
+
+@functools.lru_cache(maxsize=None)
+def _assigned(cls) -> frozenset[str]:
+    """Names the class's own source assigns as `self.name = ...` (its instance attributes)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return frozenset()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _is_self(node.value):
+            names.add(node.attr)
+    return frozenset(names)
+
+
+def _versions() -> str:
+    return f"TRL {trl.__version__}, transformers {transformers.__version__}"
+
+
+def check(use: Use) -> str | None:
+    """What is wrong with `use` in the installed TRL / transformers (None: it holds)."""
+    where = f"{use.owner}.{use.name}"
+    try:
+        owner = _resolve(use.owner)
+    except (ImportError, AttributeError) as exc:
+        return f"{_versions()}: {use.owner} is gone ({exc}); or1_trl uses {use.name} of it: {use.why}"
+    if use.kind == ATTRIBUTE:
+        holders = [c for c in owner.__mro__ if use.name in _assigned(c)]
+        if not holders:
+            return (f"{_versions()}: {where} is no longer set by {use.owner} (no `self.{use.name} = ...` in its "
+                    f"source or its bases'): {use.why}")
+        return None
+    if not hasattr(owner, use.name):
+        return f"{_versions()}: {where} ({use.kind}) is gone: {use.why}"
+    value = inspect.getattr_static(owner, use.name)
+    if use.kind == METHOD and not callable(getattr(owner, use.name)):
+        return f"{_versions()}: {where} is no longer a method ({type(value).__name__}): {use.why}"
+    if use.params is not None:
+        actual = _params(getattr(owner, use.name))
+        if not _params_match(use.params, actual):
+            return (f"{_versions()}: {where}({use.params}) changed: {use.why} (got {where}({actual}))")
+    return None
+
+
+@pytest.mark.parametrize("use", CONTRACT, ids=[f"{u.owner.rsplit('.', 1)[-1]}.{u.name}" for u in CONTRACT])
+def test_trl_still_has_it(use):
+    problem = check(use)
+    assert problem is None, problem
+
+
+def test_a_changed_signature_is_named_with_the_versions():
+    """The message names the symbol, how OR1 uses it, the installed versions and what TRL has now."""
+    changed = Use(GRPO, "_compute_loss", METHOD, "self, model, inputs, extra", "trainer.py overrides it")
+    message = check(changed)
+    assert message == (f"TRL {trl.__version__}, transformers {transformers.__version__}: "
+                       "trl.GRPOTrainer._compute_loss(self, model, inputs, extra) changed: trainer.py overrides it "
+                       "(got trl.GRPOTrainer._compute_loss(self, model, inputs))")
+    assert "is gone" in check(Use(GRPO, "_no_such_hook", METHOD, "self", "x"))
+    assert "no longer set by" in check(Use(GRPO, "_no_such_state", ATTRIBUTE, None, "x"))
+    assert check(Use(GRPO, "__init__", METHOD, "self, model, reward_funcs=, ...", "x")) is None  # a prefix
+    assert check(Use(GRPO, "__init__", METHOD, "self, model, ...", "x")) is None
+    assert check(Use(GRPO, "__init__", METHOD, "self, reward_funcs, ...", "x")) is not None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Completeness: what the package really uses
+# ---------------------------------------------------------------------------------------------------------------
+
+def _is_self(node) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
+def _external(obj) -> bool:
+    return (getattr(obj, "__module__", None) or "").split(".")[0] in EXTERNAL
+
+
+def _owner_of(cls, name: str):
+    """`(the TRL/transformers class that cls subclasses, kind)` if one of the TRL/transformers classes in `cls`'s MRO
+    defines `name` (a method or class attribute, else an instance attribute its source sets); `(None, None)` if none.
+    The owner is the class OR1 subclasses (GRPOTrainer, not the base that happens to define the name today), so a
+    method moving between TRL's own classes changes nothing here."""
+    bases = [b for b in cls.__mro__ if _external(b)]
+    for base in bases:
+        if name in vars(base):
+            value = vars(base)[name]
+            kind = METHOD if callable(value) or isinstance(value, (staticmethod, classmethod)) else CLASS_ATTRIBUTE
+            if isinstance(value, property):
+                kind = ATTRIBUTE
+            return bases[0], kind
+    for base in bases:
+        if name in _assigned(base):
+            return bases[0], ATTRIBUTE
+    return None, None
+
+
+def _defined_by_trl(cls, name: str) -> bool:
+    """`name` is a method TRL itself defines for `cls` (not transformers' public `Trainer` API)."""
+    return any(name in vars(b) and b.__module__.startswith("trl.") for b in cls.__mro__ if _external(b))
+
+
+def _public_path(obj) -> str:
+    """How the table spells a class or module: the shortest of `trl.X` / `transformers.X` if exported there."""
+    if inspect.ismodule(obj):
+        return obj.__name__
+    top = importlib.import_module(obj.__module__.split(".")[0])
+    if getattr(top, obj.__name__, None) is obj:
+        return f"{top.__name__}.{obj.__name__}"
+    return f"{obj.__module__}.{obj.__name__}"
+
+
+def _modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent)
+        if any(part in SKIPPED for part in rel.parts):
+            continue
+        name = ".".join(rel.with_suffix("").parts)
+        yield name.removesuffix(".__init__"), path
+
+
+def _module_aliases(tree, module_name: str) -> tuple[dict[str, str], list[tuple[str, str, int]]]:
+    """`{local name: TRL/transformers module}` bound anywhere in the file, and the names imported from such modules
+    that their top-level package does not export: `[(module, name, line)]`."""
+    aliases, private_imports = {}, []
+
+    def bind(local: str, module: str) -> None:
+        top, _, short = module.rpartition(".")
+        exported = getattr(importlib.import_module(module.split(".")[0]), short, None)
+        if exported is not importlib.import_module(module) or module.count(".") == 1:  # `transformers.logging`: public
+            aliases[local] = module
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in EXTERNAL and alias.asname:
+                    bind(alias.asname, alias.name)
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in EXTERNAL:
+            top = importlib.import_module(node.module.split(".")[0])
+            for alias in node.names:
+                try:
+                    importlib.import_module(f"{node.module}.{alias.name}")
+                    bind(alias.asname or alias.name, f"{node.module}.{alias.name}")
+                    continue
+                except ImportError:
+                    pass
+                if node.module.count(".") and getattr(top, alias.name, None) is not getattr(
+                        importlib.import_module(node.module), alias.name, None):
+                    private_imports.append((node.module, alias.name, node.lineno))
+    return aliases, private_imports
+
+
+def find_uses() -> dict[tuple[str, str, str], list[str]]:
+    """`{(owner, name, kind): ["or1_trl/file.py:line how", ...]}` for every TRL/transformers name the package hooks."""
+    found: dict[tuple[str, str, str], list[str]] = {}
+
+    def add(owner, name, kind, path, node, how):
+        owner_path = owner if isinstance(owner, str) else _public_path(owner)
+        key = (owner_path, name, kind)
+        found.setdefault(key, []).append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {how}")
+
+    subclassed = set()  # TRL/transformers classes the package subclasses: their private names anywhere
+    scans = []
+    for module_name, path in _modules():
+        module = importlib.import_module(module_name)
+        tree = ast.parse(path.read_text(), str(path))
+        scans.append((module, path, tree))
+        for cls in vars(module).values():
+            if inspect.isclass(cls) and cls.__module__ == module_name:
+                subclassed.update(b for b in cls.__mro__[1:2] if _external(b))  # the class OR1 subclasses
+
+    for module, path, tree in scans:
+        aliases, private_imports = _module_aliases(tree, module.__name__)
+        for mod, name, line in private_imports:
+            add(mod, name, GLOBAL, path, ast.Pass(lineno=line), "imports it")
+        classes = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+        in_classes = set()
+        for class_name, node in classes.items():
+            cls = getattr(module, class_name, None)
+            if not inspect.isclass(cls) or not any(_external(b) for b in cls.__mro__[1:]):
+                continue
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    owner, kind = _owner_of(cls, item.name)
+                    if owner is not None and item.name not in ("__init_subclass__",):
+                        is_property = any(isinstance(d, ast.Name) and d.id == "property" or
+                                          isinstance(d, ast.Attribute) and d.attr == "setter"
+                                          for d in item.decorator_list)
+                        add(owner, item.name, ATTRIBUTE if is_property and kind == ATTRIBUTE else kind, path, item,
+                            f"{class_name} overrides it")
+                elif isinstance(item, (ast.Assign, ast.AnnAssign)):
+                    targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+                    for target in targets:
+                        if isinstance(target, ast.Name):
+                            owner, kind = _owner_of(cls, target.id)
+                            if owner is not None and target.id.startswith("_"):
+                                add(owner, target.id, kind, path, item, f"{class_name} sets it")
+            for sub in ast.walk(node):
+                in_classes.add(id(sub))
+                if not isinstance(sub, ast.Attribute):
+                    continue
+                value = sub.value
+                is_super = isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super"
+                if is_super:
+                    owner, kind = _owner_of(cls, sub.attr)
+                    if owner is not None:
+                        add(owner, sub.attr, kind, path, sub, f"{class_name} calls super().{sub.attr}")
+                elif _is_self(value):
+                    owner, kind = _owner_of(cls, sub.attr)
+                    if owner is None:
+                        continue
+                    if sub.attr.startswith("_") and not sub.attr.startswith("__"):
+                        add(owner, sub.attr, kind, path, sub, f"{class_name} uses self.{sub.attr}")
+                    elif kind == METHOD and _defined_by_trl(cls, sub.attr):
+                        add(owner, sub.attr, kind, path, sub, f"{class_name} calls self.{sub.attr}")
+                    elif isinstance(sub.ctx, ast.Store) and kind == ATTRIBUTE:
+                        add(owner, sub.attr, kind, path, sub, f"{class_name} writes self.{sub.attr}")
+        # Outside those classes (and on other objects inside them): private names of the classes we subclass.
+        private = {}
+        for base in sorted(subclassed, key=lambda c: (c.__module__, c.__name__)):
+            for name in set(vars(base)) | _assigned(base):
+                if name.startswith("_") and not name.startswith("__"):
+                    private.setdefault(name, base)
+        for sub in ast.walk(tree):
+            if isinstance(sub, ast.Attribute):
+                value = sub.value
+                if isinstance(value, ast.Name) and value.id in aliases:
+                    add(aliases[value.id], sub.attr, GLOBAL, path, sub, f"uses {value.id}.{sub.attr}")
+                elif (sub.attr in private and not _is_self(value)
+                      and not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super")):
+                    # `trainer._metrics`, `self.vllm_generation._iter_named_params`, ...
+                    owner, kind = _owner_of(private[sub.attr], sub.attr)
+                    add(owner, sub.attr, kind, path, sub, f"uses .{sub.attr}")
+            elif isinstance(sub, ast.Call) and len(sub.args) >= 2:
+                first, second = sub.args[0], sub.args[1]
+                if (isinstance(first, ast.Name) and first.id in aliases and isinstance(second, ast.Constant)
+                        and isinstance(second.value, str)):
+                    add(aliases[first.id], second.value, GLOBAL, path, sub, f"swaps it by name ({first.id}, {second.value!r})")
+    return found
+
+
+def _key(use: Use) -> tuple[str, str, str]:
+    owner = _resolve(use.owner)
+    return _public_path(owner), use.name, use.kind
+
+
+def test_contract_table_is_complete():
+    uses = find_uses()
+    table = {_key(use): use for use in CONTRACT}
+    missing = {key: where for key, where in uses.items() if key not in table}
+    stale = [use for key, use in table.items() if key not in uses and use.scanned]
+    lines = [f"  missing: Use({owner!r}, {name!r}, {kind!r}, ...)  # {'; '.join(where[:3])}"
+             for (owner, name, kind), where in sorted(missing.items())]
+    lines += [f"  no longer used by or1_trl: Use({use.owner!r}, {use.name!r}, {use.kind!r}): remove it" for use in stale]
+    assert not lines, (f"tests/test_trl_contract.py CONTRACT is out of date ({_versions()}); every private TRL/"
+                       "transformers name or1_trl uses must be listed (with the parameters it relies on):\n"
+                       + "\n".join(lines))
+
+
+def test_the_scan_sees_overrides_super_calls_private_state_and_swaps():
+    """The completeness scan is not vacuous: it finds each kind of use in the package as it is."""
+    uses = find_uses()
+    assert (GRPO, "_compute_loss", METHOD) in uses
+    assert any("calls super()._compute_loss" in w for w in uses[(GRPO, "_compute_loss", METHOD)])
+    assert (GRPO, "_metrics", ATTRIBUTE) in uses
+    assert (VLLM_GENERATION, "_iter_named_params", METHOD) in uses
+    assert ("trl.trainer.grpo_trainer", "VLLMGeneration", GLOBAL) in uses
