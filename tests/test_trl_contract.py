@@ -494,3 +494,176 @@ def test_the_scan_sees_overrides_super_calls_private_state_and_swaps():
     assert (GRPO, "_metrics", ATTRIBUTE) in uses
     assert (VLLM_GENERATION, "_iter_named_params", METHOD) in uses
     assert ("trl.trainer.grpo_trainer", "VLLMGeneration", GLOBAL) in uses
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Where OR1 re-states TRL: pinned to TRL's own output on the same batch, OR1's parts switched off
+# ---------------------------------------------------------------------------------------------------------------
+# OR1's loss path (`OR1Trainer._compute_loss` with `rejection_sampling` on) runs TRL's `_compute_loss` on the kept
+# tokens and then re-states three pieces of TRL: the micro-step's share of the step's counts (TRL's "dapo"
+# normaliser, re-used for T_k and, for the row-mean loss types, the rescaling of TRL's row count to the kept rows:
+# `loss.share`, `loss.Normaliser`); the per-loss-type aggregation of a per-token value (`Normaliser.__call__`, which
+# aggregates the entropy term like the policy term); TRL's 80/20 high-entropy mask, recomputed for the "selected"
+# normaliser; and the entropy measurement e_k of the controller (TRL's window over the step's tokens). Each is pinned
+# here to what TRL computes itself.
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo")
+OR1_NEUTRAL = dict(rejection_sampling="mask", use_adaptive_entropy=False, entropy_coef=0.0, logprob_backend="trl")
+ROWS, PROMPT, LENGTH = 8, 5, 6  # one micro-batch: 2 groups of 4, prompt and completion lengths
+
+
+def _trainers(tmp_path, or1_only=None, **config):
+    """`(OR1Trainer on OR1's loss path with nothing rejected and α = 0, GRPOTrainer)`: same weights, same settings
+    (`or1_only`: OR1Config fields GRPOConfig does not have)."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from or1_trl import OR1Config, OR1Trainer
+    from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
+
+    def reward(completions, **kwargs):
+        return [0.0] * len(completions)
+
+    dataset = Dataset.from_dict({"prompt": ["Q: 1+1=? A:"] * 8})
+    or1_args = OR1Config(**tiny_training_args(tmp_path / "or1", **{**OR1_NEUTRAL, **config, **(or1_only or {})}))
+    same = {name: value for name, value, _ in or1_args.changed_defaults()}  # OR1's other defaults, given to TRL too
+    trl_args = GRPOConfig(**tiny_training_args(tmp_path / "trl", **{**same, **config}))
+    trainers = []
+    for cls, args in ((OR1Trainer, or1_args), (GRPOTrainer, trl_args)):
+        model, tokenizer = tiny_model_and_tokenizer(seed=0)
+        trainer = cls(model, reward, args=args, train_dataset=dataset, processing_class=tokenizer)
+        trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps  # as the training loop sets it
+        trainer.model.train()
+        trainers.append(trainer)
+    return trainers
+
+
+def _batch(trainer, num_items_scale: int = 1):
+    """One micro-batch of ROWS rows with right padding, advantages of both signs, old log-probs away from the policy
+    (ρ ≠ 1: clipping is exercised). `num_items_in_batch` counts the generation batch's tokens: the micro-batch's
+    times `num_items_scale` (its share when the batch is split into that many micro-steps)."""
+    import torch
+
+    g = torch.Generator().manual_seed(1234)
+    vocab = trainer.model.config.vocab_size
+    prompt_ids = torch.randint(5, vocab, (ROWS, PROMPT), generator=g)
+    completion_ids = torch.randint(5, vocab, (ROWS, LENGTH), generator=g)
+    lengths = torch.tensor([6, 3, 5, 6, 1, 4, 6, 2])
+    completion_mask = (torch.arange(LENGTH)[None, :] < lengths[:, None]).long()  # [b, T]
+    batch = {
+        "prompt_ids": prompt_ids, "prompt_mask": torch.ones(ROWS, PROMPT, dtype=torch.long),
+        "completion_ids": completion_ids, "completion_mask": completion_mask,
+        "advantages": torch.tensor([1.2, -0.4, 0.7, -1.5, 0.3, -0.9, 1.1, -0.2]),
+        "num_items_in_batch": completion_mask.sum() * num_items_scale,
+    }
+    with torch.no_grad():
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, torch.cat([prompt_ids, completion_ids], 1),
+            torch.cat([batch["prompt_mask"], completion_mask], 1), LENGTH)
+    batch["old_per_token_logps"] = logps + 0.3 * torch.randn(ROWS, LENGTH, generator=g)
+    return batch
+
+
+def _or1_inputs(batch, generation_rows: int):
+    """What OR1's rollout adds to a batch in which nothing was rejected (`rejection_sampling="mask"`)."""
+    import torch
+
+    from or1_trl.rejection import WEIGHT_KEY
+    from or1_trl.trainer import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY
+
+    rows = torch.tensor(float(generation_rows))
+    return {**batch, WEIGHT_KEY: torch.ones(ROWS), KEPT_GROUP_ROWS_KEY: rows, KEPT_ROWS_KEY: rows}
+
+
+def _loss_and_grads(trainer, inputs):
+    trainer.model.zero_grad()
+    loss = trainer._compute_loss(trainer.model, inputs)
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in trainer.model.named_parameters()}
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_or1_loss_path_is_trls_loss_for_every_loss_type(tmp_path, loss_type):
+    """OR1's normaliser (the micro-step's share of T_k, the kept-row rescaling of the row means) against TRL's own
+    loss, with 2 accumulation steps and 2 micro-steps per rollout, on the same batch: same loss, same gradient."""
+    import torch
+
+    or1, trl_trainer = _trainers(tmp_path, loss_type=loss_type, gradient_accumulation_steps=2, steps_per_generation=2)
+    batch = _batch(trl_trainer, num_items_scale=2)
+    expected, expected_grads = _loss_and_grads(trl_trainer, batch)
+    loss, grads = _loss_and_grads(or1, _or1_inputs(batch, generation_rows=2 * ROWS))
+    assert abs(expected.item()) > 1e-4, "degenerate batch"
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6, abs=1e-7), (
+        f"TRL {trl.__version__}: OR1's {loss_type} loss path re-states TRL's normaliser and no longer matches it")
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], atol=1e-7, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"])
+def test_normaliser_aggregates_like_trls_loss_type(tmp_path, loss_type):
+    """`loss.Normaliser` aggregates a per-token value as TRL's `loss_type` aggregates its per-token loss (it is how
+    OR1 normalises α·H like the policy term). With ρ = 1 (old log-probs = the policy's) TRL's PPO-clip loss per token
+    is −A·ρ, so TRL's loss is its aggregation of −A·ρ: Normaliser(−A·ρ) must give the same value and gradient."""
+    import torch
+
+    from or1_trl.loss import Normaliser
+
+    _, trl_trainer = _trainers(tmp_path, loss_type=loss_type, gradient_accumulation_steps=2, steps_per_generation=2)
+    batch = {k: v for k, v in _batch(trl_trainer, num_items_scale=2).items() if k != "old_per_token_logps"}
+    expected, expected_grads = _loss_and_grads(trl_trainer, batch)
+
+    trl_trainer.model.zero_grad()
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    logps, _, _ = trl_trainer._get_per_token_logps_and_entropies(trl_trainer.model, input_ids, attention_mask, LENGTH)
+    ratio = torch.exp(logps - logps.detach())  # [b, T], 1 with the gradient of log π
+    mask = batch["completion_mask"].float()
+    norm = Normaliser.for_micro_step(loss_type, batch["num_items_in_batch"], None, ROWS, 1,
+                                     trl_trainer.current_gradient_accumulation_steps,
+                                     trl_trainer.args.steps_per_generation, trl_trainer.max_completion_length)
+    ours = norm(-batch["advantages"][:, None] * ratio, mask)
+    ours.backward()
+    assert ours.item() == pytest.approx(expected.item(), rel=1e-6, abs=1e-7)
+    for name, p in trl_trainer.model.named_parameters():
+        torch.testing.assert_close(p.grad, expected_grads[name], atol=1e-7, rtol=1e-5, msg=name)
+
+
+def test_selected_tokens_are_trls_high_entropy_mask(tmp_path):
+    """80/20 with `top_entropy_normalization="selected"` recomputes TRL's high-entropy mask to count the selected
+    tokens. One micro-step, nothing rejected: OR1's loss is TRL's ("dapo", policy term on TRL's mask, over T_k)
+    rescaled by T_k / |selected|, where |selected| is what TRL's own `get_high_entropy_mask` selects on the entropies
+    TRL computes for this batch."""
+    import torch
+
+    or1, trl_trainer = _trainers(tmp_path, top_entropy_quantile=0.2, or1_only=dict(top_entropy_normalization="selected"))
+    batch = _batch(trl_trainer)
+    expected = trl_trainer._compute_loss(trl_trainer.model, batch).detach()
+    mask = batch["completion_mask"].float()
+    with torch.no_grad():
+        _, entropies, _ = trl_trainer._get_per_token_logps_and_entropies(
+            trl_trainer.model, torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
+            torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1), LENGTH, compute_entropy=True)
+    selected = (mask * trl_trainer.get_high_entropy_mask(entropies, mask, 1 - 0.2)).sum()
+    assert 0 < selected < mask.sum()
+    loss = or1._compute_loss(or1.model, _or1_inputs(batch, generation_rows=ROWS)).detach()
+    assert loss.item() == pytest.approx((expected * mask.sum() / selected).item(), rel=1e-6)
+
+
+def test_controller_measures_the_entropy_trls_controller_measures(tmp_path):
+    """e_k of eq. 3.2 (OR1's window over the step's kept tokens) is the entropy TRL's own adaptive controller measures
+    over the same tokens (`_last_world_entropy`), with 2 accumulation steps: the window spans both micro-steps."""
+    import torch
+
+    or1, trl_trainer = _trainers(tmp_path, use_adaptive_entropy=True, entropy_target=0.2, gradient_accumulation_steps=2,
+                                 steps_per_generation=2)
+    assert or1.args.use_adaptive_entropy and trl_trainer.use_adaptive_entropy
+    batch = _batch(trl_trainer, num_items_scale=2)
+    second = {**batch, "completion_ids": batch["completion_ids"].flip(0), "completion_mask": batch["completion_mask"].flip(0)}
+    for trainer, inputs in ((trl_trainer, [batch, second]), (or1, [_or1_inputs(b, 2 * ROWS) for b in (batch, second)])):
+        for index, micro in enumerate(inputs):
+            trainer.accelerator.gradient_state._set_sync_gradients(index == len(inputs) - 1)
+            with torch.no_grad():
+                trainer._compute_loss(trainer.model, micro)
+    measured = or1._metrics["train"]["entropy/measured"]
+    assert len(measured) == 1
+    assert measured[0] == pytest.approx(trl_trainer._last_world_entropy, rel=1e-6)
