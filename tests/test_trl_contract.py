@@ -512,9 +512,9 @@ OR1_NEUTRAL = dict(rejection_sampling="mask", use_adaptive_entropy=False, entrop
 ROWS, PROMPT, LENGTH = 8, 5, 6  # one micro-batch: 2 groups of 4, prompt and completion lengths
 
 
-def _trainers(tmp_path, or1_only=None, **config):
+def _trainers(tmp_path, or1_only=None, model_factory=None, **config):
     """`(OR1Trainer on OR1's loss path with nothing rejected and α = 0, GRPOTrainer)`: same weights, same settings
-    (`or1_only`: OR1Config fields GRPOConfig does not have)."""
+    (`or1_only`: OR1Config fields GRPOConfig does not have; `model_factory(tokenizer)`: another tiny model)."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -531,6 +531,8 @@ def _trainers(tmp_path, or1_only=None, **config):
     trainers = []
     for cls, args in ((OR1Trainer, or1_args), (GRPOTrainer, trl_args)):
         model, tokenizer = tiny_model_and_tokenizer(seed=0)
+        if model_factory is not None:
+            model = model_factory(tokenizer)
         trainer = cls(model, reward, args=args, train_dataset=dataset, processing_class=tokenizer)
         trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps  # as the training loop sets it
         trainer.model.train()
@@ -667,3 +669,48 @@ def test_controller_measures_the_entropy_trls_controller_measures(tmp_path):
     measured = or1._metrics["train"]["entropy/measured"]
     assert len(measured) == 1
     assert measured[0] == pytest.approx(trl_trainer._last_world_entropy, rel=1e-6)
+
+
+def _tiny_moe(tokenizer):
+    """A tiny Qwen2-MoE (4 experts, 2 per token) that returns its router logits: TRL adds the load-balancing loss."""
+    import torch
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    config = Qwen2MoeConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, output_router_logits=True, router_aux_loss_coef=0.05,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return Qwen2MoeForCausalLM(config)
+
+
+def test_aux_loss_is_added_as_trl_adds_it(tmp_path):
+    """OR1 rescales TRL's policy term (here the row mean of "grpo" over the 4 kept rows of 8) but not TRL's MoE
+    load-balancing term: it takes `router_aux_loss_coef · aux / accumulation` out of TRL's loss before rescaling and
+    adds it back after. Pinned: switching the aux loss on adds exactly what it adds to TRL's loss on the same batch."""
+    import torch
+
+    from or1_trl.rejection import WEIGHT_KEY
+    from or1_trl.trainer import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY
+
+    or1, trl_trainer = _trainers(tmp_path, loss_type="grpo", gradient_accumulation_steps=2, model_factory=_tiny_moe)
+    assert or1.aux_loss_enabled and trl_trainer.aux_loss_enabled
+    batch = _batch(trl_trainer)
+    kept = torch.tensor(4.0)
+    or1_inputs = {**batch, WEIGHT_KEY: torch.tensor([1.0, 1, 1, 1, 0, 0, 0, 0]), KEPT_GROUP_ROWS_KEY: kept,
+                  KEPT_ROWS_KEY: kept}
+
+    def with_and_without_aux(trainer, inputs):
+        losses = []
+        for enabled in (True, False):
+            trainer.aux_loss_enabled = enabled
+            with torch.no_grad():
+                losses.append(trainer._compute_loss(trainer.model, inputs).item())
+        return losses
+
+    trl_on, trl_off = with_and_without_aux(trl_trainer, batch)
+    or1_on, or1_off = with_and_without_aux(or1, or1_inputs)
+    assert abs(trl_on - trl_off) > 1e-4, "the batch has no aux loss to pin"
+    assert or1_on - or1_off == pytest.approx(trl_on - trl_off, rel=1e-5, abs=1e-8)
