@@ -714,3 +714,38 @@ def test_aux_loss_is_added_as_trl_adds_it(tmp_path):
     or1_on, or1_off = with_and_without_aux(or1, or1_inputs)
     assert abs(trl_on - trl_off) > 1e-4, "the batch has no aux loss to pin"
     assert or1_on - or1_off == pytest.approx(trl_on - trl_off, rel=1e-5, abs=1e-8)
+
+
+def _position_reward(values: dict):
+    """A reward function scoring sample i of prompt p as `values[p][i % 4]` (None: abstains)."""
+
+    def reward(prompts, completions, **kwargs):
+        return [values[prompt.split(":")[0]][i % 4] for i, prompt in enumerate(prompts)]
+
+    return reward
+
+
+def test_rejection_reads_the_rewards_trl_normalises(tmp_path):
+    """Rejection sampling re-states how TRL turns the reward functions' outputs into one reward per sample (weighted,
+    NaN-ignoring sum: `sum_then_normalize`). Pinned to TRL's own verdict on the same rollout: the groups OR1 rejects
+    are those TRL gives zero reward std (`frac_reward_zero_std`, logged by TRL's `_generate_and_score_completions`).
+    Group P0 is constant only with the weights (1·[1,0,1,0] + 2·[0,.5,0,.5]); group P1 ([0,0,1,0]) is informative only
+    with B's abstentions (None) left out of the sum as TRL leaves them out (a plain sum leaves one scored sample)."""
+    from datasets import Dataset
+
+    from or1_trl import OR1Config, OR1Trainer
+    from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
+
+    a = _position_reward({"P0": [1.0, 0.0, 1.0, 0.0], "P1": [0.0, 0.0, 0.0, 0.0]})
+    b = _position_reward({"P0": [0.0, 0.5, 0.0, 0.5], "P1": [None, None, 0.5, None]})
+    a.__name__, b.__name__ = "a", "b"
+    model, tokenizer = tiny_model_and_tokenizer(seed=0)
+    args = OR1Config(**tiny_training_args(tmp_path, reward_weights=[1.0, 2.0], **OR1_NEUTRAL))
+    trainer = OR1Trainer(model, [a, b], args=args, processing_class=tokenizer,
+                         train_dataset=Dataset.from_dict({"prompt": ["P0: 1+1=? A:", "P1: 2+2=? A:"]}))
+    trainer.model.train()
+    trainer._generate_and_score_completions([trainer.train_dataset[i] for i in (0, 0, 0, 0, 1, 1, 1, 1)])
+    metrics = trainer._metrics["train"]
+    assert metrics["frac_reward_zero_std"] == [0.5]  # TRL: P0's group has zero std, P1's does not
+    assert metrics["rejection/kept_group_frac"] == [0.5]
+    assert metrics["rejection/solve_all_frac"] == [0.5]  # P0: every sample scores 1 (weighted)
