@@ -749,3 +749,32 @@ def test_rejection_reads_the_rewards_trl_normalises(tmp_path):
     assert metrics["frac_reward_zero_std"] == [0.5]  # TRL: P0's group has zero std, P1's does not
     assert metrics["rejection/kept_group_frac"] == [0.5]
     assert metrics["rejection/solve_all_frac"] == [0.5]  # P0: every sample scores 1 (weighted)
+
+
+def test_per_prompt_truncation_and_length_are_trls(tmp_path, answer_model_dir):
+    """The per-prompt statistics re-state TRL's truncation rule (the last token is neither EOS nor padding) and its
+    completion lengths. Pinned on one rollout of the tiny answer model, whose completions end with `<|im_end|>` when
+    they fit: the truncated share and the mean length OR1 records are TRL's `completions/clipped_ratio` and
+    `completions/mean_length` of the same rollout."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from or1_trl import OR1Config, OR1Trainer
+    from or1_trl.testing import tiny_training_args
+
+    def reward(completions, **kwargs):
+        return [float(i % 2) for i in range(len(completions))]
+
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"Q: {a}+{a}=? A:"}] for a in (3, 7)]})
+    args = OR1Config(**tiny_training_args(tmp_path, max_completion_length=6, temperature=1.0, **OR1_NEUTRAL))
+    trainer = OR1Trainer(AutoModelForCausalLM.from_pretrained(answer_model_dir), reward, args=args,
+                         train_dataset=dataset, processing_class=AutoTokenizer.from_pretrained(answer_model_dir))
+    trainer.model.train()
+    trainer._generate_and_score_completions([trainer.train_dataset[i] for i in (0, 0, 0, 0, 1, 1, 1, 1)])
+    outcomes = list(trainer.prompt_stats.stage(0).values())
+    samples = sum(o.samples for o in outcomes)
+    metrics = trainer._metrics["train"]
+    assert samples == 8
+    assert 0 < metrics["completions/clipped_ratio"][0] < 1, "the rollout should mix finished and truncated samples"
+    assert sum(o.truncated for o in outcomes) / samples == pytest.approx(metrics["completions/clipped_ratio"][0])
+    assert sum(o.length_sum for o in outcomes) / samples == pytest.approx(metrics["completions/mean_length"][0])
