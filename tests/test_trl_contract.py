@@ -348,7 +348,17 @@ def _modules():
         yield name.removesuffix(".__init__"), path
 
 
-def _module_aliases(tree, module_name: str) -> tuple[dict[str, str], list[tuple[str, str, int]]]:
+def _imports_external(tree) -> bool:
+    """Whether the file imports TRL or transformers anywhere (a module that does not cannot hook them)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] in EXTERNAL for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in EXTERNAL:
+            return True
+    return False
+
+
+def _module_aliases(tree) -> tuple[dict[str, str], list[tuple[str, str, int]]]:
     """`{local name: TRL/transformers module}` bound anywhere in the file, and the names imported from such modules
     that their top-level package does not export: `[(module, name, line)]`."""
     aliases, private_imports = {}, []
@@ -379,92 +389,106 @@ def _module_aliases(tree, module_name: str) -> tuple[dict[str, str], list[tuple[
     return aliases, private_imports
 
 
+def _class_node(cls) -> tuple[pathlib.Path, ast.ClassDef]:
+    """The file and the `ast` node of a package class (top-level or nested)."""
+    path = pathlib.Path(inspect.getsourcefile(cls))
+    tree = ast.parse(path.read_text(), str(path))
+    nodes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
+    return path, next(n for n in nodes if n.lineno == inspect.getsourcelines(cls)[1] or len(nodes) == 1)
+
+
+def _scan_class(add, cls, defining, node, path) -> None:
+    """The uses in class `defining` (`node`: its `ast`), a package class in the MRO of `cls`, which derives from a
+    TRL/transformers class (`defining` is `cls` itself, or a package mixin of it)."""
+    name = defining.__name__
+    for item in node.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            owner, kind = _owner_of(cls, item.name)
+            if owner is not None:
+                is_property = any(isinstance(d, ast.Name) and d.id == "property" or
+                                  isinstance(d, ast.Attribute) and d.attr == "setter" for d in item.decorator_list)
+                add(owner, item.name, ATTRIBUTE if is_property and kind == ATTRIBUTE else kind, path, item,
+                    f"{name} overrides it")
+        elif isinstance(item, (ast.Assign, ast.AnnAssign)):
+            for target in item.targets if isinstance(item, ast.Assign) else [item.target]:
+                if isinstance(target, ast.Name) and target.id.startswith("_"):
+                    owner, kind = _owner_of(cls, target.id)
+                    if owner is not None:
+                        add(owner, target.id, kind, path, item, f"{name} sets it")
+    for sub in ast.walk(node):
+        if not isinstance(sub, ast.Attribute):
+            continue
+        if _is_super(sub.value):
+            owner, kind = _owner_of(cls, sub.attr)
+            if owner is not None:
+                add(owner, sub.attr, kind, path, sub, f"{name} calls super().{sub.attr}")
+        elif _is_self(sub.value):
+            owner, kind = _owner_of(cls, sub.attr)
+            if owner is None:
+                continue
+            if sub.attr.startswith("_") and not sub.attr.startswith("__"):
+                add(owner, sub.attr, kind, path, sub, f"{name} uses self.{sub.attr}")
+            elif kind == METHOD and _defined_by_trl(cls, sub.attr):
+                add(owner, sub.attr, kind, path, sub, f"{name} calls self.{sub.attr}")
+            elif isinstance(sub.ctx, ast.Store) and kind == ATTRIBUTE:
+                add(owner, sub.attr, kind, path, sub, f"{name} writes self.{sub.attr}")
+
+
+def _is_super(node) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
+
+
 def find_uses() -> dict[tuple[str, str, str], list[str]]:
     """`{(owner, name, kind): ["or1_trl/file.py:line how", ...]}` for every TRL/transformers name the package hooks."""
     found: dict[tuple[str, str, str], list[str]] = {}
 
     def add(owner, name, kind, path, node, how):
         owner_path = owner if isinstance(owner, str) else _public_path(owner)
-        key = (owner_path, name, kind)
-        found.setdefault(key, []).append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {how}")
+        where = f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {how}"
+        found.setdefault((owner_path, name, kind), [])
+        if where not in found[(owner_path, name, kind)]:
+            found[(owner_path, name, kind)].append(where)
 
-    subclassed = set()  # TRL/transformers classes the package subclasses: their private names anywhere
-    scans = []
+    trees = {path: ast.parse(path.read_text(), str(path)) for _, path in _modules()}
+    derived = []  # package classes deriving from a TRL/transformers class
     for module_name, path in _modules():
-        module = importlib.import_module(module_name)
-        tree = ast.parse(path.read_text(), str(path))
-        scans.append((module, path, tree))
-        for cls in vars(module).values():
-            if inspect.isclass(cls) and cls.__module__ == module_name:
-                subclassed.update(b for b in cls.__mro__[1:2] if _external(b))  # the class OR1 subclasses
+        if _imports_external(trees[path]):  # others cannot subclass them (e.g. stand-alone worker/driver files)
+            module = importlib.import_module(module_name)
+            derived += [c for c in vars(module).values() if inspect.isclass(c) and c.__module__ == module_name
+                        and any(_external(b) for b in c.__mro__[1:])]
 
-    for module, path, tree in scans:
-        aliases, private_imports = _module_aliases(tree, module.__name__)
-        for mod, name, line in private_imports:
-            add(mod, name, GLOBAL, path, ast.Pass(lineno=line), "imports it")
-        classes = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
-        in_classes = set()
-        for class_name, node in classes.items():
-            cls = getattr(module, class_name, None)
-            if not inspect.isclass(cls) or not any(_external(b) for b in cls.__mro__[1:]):
-                continue
-            for item in node.body:
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    owner, kind = _owner_of(cls, item.name)
-                    if owner is not None and item.name not in ("__init_subclass__",):
-                        is_property = any(isinstance(d, ast.Name) and d.id == "property" or
-                                          isinstance(d, ast.Attribute) and d.attr == "setter"
-                                          for d in item.decorator_list)
-                        add(owner, item.name, ATTRIBUTE if is_property and kind == ATTRIBUTE else kind, path, item,
-                            f"{class_name} overrides it")
-                elif isinstance(item, (ast.Assign, ast.AnnAssign)):
-                    targets = item.targets if isinstance(item, ast.Assign) else [item.target]
-                    for target in targets:
-                        if isinstance(target, ast.Name):
-                            owner, kind = _owner_of(cls, target.id)
-                            if owner is not None and target.id.startswith("_"):
-                                add(owner, target.id, kind, path, item, f"{class_name} sets it")
-            for sub in ast.walk(node):
-                in_classes.add(id(sub))
-                if not isinstance(sub, ast.Attribute):
-                    continue
-                value = sub.value
-                is_super = isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super"
-                if is_super:
-                    owner, kind = _owner_of(cls, sub.attr)
-                    if owner is not None:
-                        add(owner, sub.attr, kind, path, sub, f"{class_name} calls super().{sub.attr}")
-                elif _is_self(value):
-                    owner, kind = _owner_of(cls, sub.attr)
-                    if owner is None:
-                        continue
-                    if sub.attr.startswith("_") and not sub.attr.startswith("__"):
-                        add(owner, sub.attr, kind, path, sub, f"{class_name} uses self.{sub.attr}")
-                    elif kind == METHOD and _defined_by_trl(cls, sub.attr):
-                        add(owner, sub.attr, kind, path, sub, f"{class_name} calls self.{sub.attr}")
-                    elif isinstance(sub.ctx, ast.Store) and kind == ATTRIBUTE:
-                        add(owner, sub.attr, kind, path, sub, f"{class_name} writes self.{sub.attr}")
-        # Outside those classes (and on other objects inside them): private names of the classes we subclass.
-        private = {}
-        for base in sorted(subclassed, key=lambda c: (c.__module__, c.__name__)):
-            for name in set(vars(base)) | _assigned(base):
-                if name.startswith("_") and not name.startswith("__"):
-                    private.setdefault(name, base)
+    # 1. In those classes and in the package mixins they inherit: overrides, super() calls, self._private, writes.
+    for cls in derived:
+        for defining in cls.__mro__:
+            if defining.__module__.split(".")[0] == PACKAGE.name:
+                path, node = _class_node(defining)
+                _scan_class(add, cls, defining, node, path)
+
+    # 2. Anywhere: `x._name` for a private name of a TRL/transformers class the package subclasses (`trainer._metrics`
+    #    in a helper module, `self.vllm_generation._iter_named_params`), and TRL/transformers module globals.
+    private = {}
+    for base in sorted({c.__mro__[1] for c in derived if _external(c.__mro__[1])}, key=lambda c: c.__qualname__):
+        for name in set(vars(base)) | _assigned(base):
+            if name.startswith("_") and not name.startswith("__"):
+                private.setdefault(name, base)
+    for path, tree in trees.items():
+        aliases, private_imports = _module_aliases(tree) if _imports_external(tree) else ({}, [])
+        for module, name, line in private_imports:
+            add(module, name, GLOBAL, path, ast.Pass(lineno=line), "imports it")
         for sub in ast.walk(tree):
             if isinstance(sub, ast.Attribute):
                 value = sub.value
                 if isinstance(value, ast.Name) and value.id in aliases:
                     add(aliases[value.id], sub.attr, GLOBAL, path, sub, f"uses {value.id}.{sub.attr}")
-                elif (sub.attr in private and not _is_self(value)
-                      and not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super")):
-                    # `trainer._metrics`, `self.vllm_generation._iter_named_params`, ...
+                elif sub.attr in private and not _is_self(value) and not _is_super(value):
                     owner, kind = _owner_of(private[sub.attr], sub.attr)
                     add(owner, sub.attr, kind, path, sub, f"uses .{sub.attr}")
             elif isinstance(sub, ast.Call) and len(sub.args) >= 2:
                 first, second = sub.args[0], sub.args[1]
                 if (isinstance(first, ast.Name) and first.id in aliases and isinstance(second, ast.Constant)
                         and isinstance(second.value, str)):
-                    add(aliases[first.id], second.value, GLOBAL, path, sub, f"swaps it by name ({first.id}, {second.value!r})")
+                    add(aliases[first.id], second.value, GLOBAL, path, sub,
+                        f"swaps it by name ({first.id}, {second.value!r})")
     return found
 
 
@@ -778,3 +802,23 @@ def test_per_prompt_truncation_and_length_are_trls(tmp_path, answer_model_dir):
     assert 0 < metrics["completions/clipped_ratio"][0] < 1, "the rollout should mix finished and truncated samples"
     assert sum(o.truncated for o in outcomes) / samples == pytest.approx(metrics["completions/clipped_ratio"][0])
     assert sum(o.length_sum for o in outcomes) / samples == pytest.approx(metrics["completions/mean_length"][0])
+
+
+class _StagesMixin:  # a package mixin, as the trainer may be split into: the scan follows OR1Trainer's MRO into it
+    def _get_train_sampler(self, dataset=None):
+        self._step = 0
+        return super()._get_train_sampler(dataset)
+
+
+def test_the_scan_follows_mixins():
+    from trl import GRPOTrainer
+
+    class Probe(_StagesMixin, GRPOTrainer):
+        pass
+
+    found = {}
+    path, node = _class_node(_StagesMixin)
+    _scan_class(lambda owner, name, kind, *rest: found.setdefault((_public_path(owner), name, kind), rest[-1]),
+                Probe, _StagesMixin, node, path)
+    assert found == {(GRPO, "_get_train_sampler", METHOD): "_StagesMixin overrides it",
+                     (GRPO, "_step", ATTRIBUTE): "_StagesMixin uses self._step"}
