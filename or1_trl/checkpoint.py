@@ -42,6 +42,8 @@ from contextlib import contextmanager, suppress
 
 from transformers.utils import logging
 
+from .files import TMP_INFIX, fsync, write_json_atomic
+
 logger = logging.get_logger(__name__)
 
 MARKER_FILE = "or1_checkpoint.json"
@@ -49,29 +51,10 @@ MARKER_VERSION = 2
 EDGE_BYTES = 1 << 20  # the checksum covers the first and the last MiB of each file
 PROMPT_STATS_LOG = "prompt_stats.jsonl"
 _CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
-_TMP = ".tmp-"
 
 
 class DiskFullError(OSError):
     """Saving a checkpoint ran out of disk space (the message is one line: "no space left on <dir>: ...")."""
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: str, data) -> None:
-    """Write `data` as JSON to `path` so that `path` holds either its old content or the whole new one."""
-    tmp = f"{path}{_TMP}{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def fingerprint(path: str) -> dict:
@@ -91,7 +74,7 @@ def _files(folder: str) -> list[str]:
     for root, _, names in os.walk(folder):
         for name in names:
             rel = os.path.relpath(os.path.join(root, name), folder)
-            if rel != MARKER_FILE and _TMP not in name:
+            if rel != MARKER_FILE and TMP_INFIX not in name:
                 found.append(rel)
     return sorted(found)
 
@@ -111,13 +94,13 @@ def write_state(folder: str, states: dict[str, dict], required: list[str]) -> No
     files = {}
     for name in _files(folder):
         path = os.path.join(folder, name)
-        _fsync(path)
+        fsync(path)
         files[name] = fingerprint(path)
     for root, _, _ in os.walk(folder):  # the folders' entries (new names) reach the disk too
-        _fsync(root)
+        fsync(root)
     checksum = f"crc32 of the first and last {EDGE_BYTES} bytes"
     write_json_atomic(os.path.join(folder, MARKER_FILE), {"version": MARKER_VERSION, "checksum": checksum, "files": files})
-    _fsync(folder)
+    fsync(folder)
 
 
 def read_state(folder: str, name: str) -> dict:

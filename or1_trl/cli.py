@@ -578,7 +578,7 @@ def select_examples(argv: list[str] | None = None, prog: str | None = "or1-trl s
         ranking = rank_prompts(read_stats(args.stats))
     except ValueError as exc:
         parser.error(str(exc))
-    from .checkpoint import write_json_atomic
+    from .files import write_json_atomic
     from .data import load_data, prompt_text, save_split
 
     with input_errors(parser):

@@ -43,76 +43,17 @@ dict) would be scored as its text: 0 for every sample, silently. Once the tokeni
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 from collections import Counter
 from typing import Any
 
-# Keyword arguments TRL itself passes to every reward function (not dataset columns).
-TRL_REWARD_KWARGS = frozenset(
-    {"prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "environments"}
-)
-
-
-def required_columns(reward_func: Any) -> tuple[str, ...]:
-    """Dataset columns `reward_func` cannot score without.
-
-    A reward may declare them (`MathReward.required_columns == ("answer",)`); otherwise they are the parameters
-    of its signature without a default that TRL does not fill itself (`def f(completions, solution, **kw)` needs
-    `solution`). Reward models (a model or a model id) need none.
-    """
-    declared = getattr(reward_func, "required_columns", None)
-    if declared is not None:
-        return tuple(declared)
-    if isinstance(reward_func, str) or not callable(reward_func) or hasattr(reward_func, "config"):
-        return ()
-    try:
-        parameters = inspect.signature(reward_func).parameters.values()
-    except (TypeError, ValueError):
-        return ()
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return tuple(
-        p.name for p in parameters if p.kind in kinds and p.default is p.empty and p.name not in TRL_REWARD_KWARGS
-    )
-
-
-def check_reward_columns(reward_funcs: Any, dataset: Any, dataset_name: str = "train_dataset") -> None:
-    """Raise a `ValueError` naming the reward and the column if `dataset` lacks a column a reward needs.
-
-    Datasets whose columns are unknown up front (some streaming datasets) are not checked.
-    """
-    if dataset is None:
-        return
-    if isinstance(dataset, dict):  # eval_dataset may be {name: dataset}
-        for name, split in dataset.items():
-            check_reward_columns(reward_funcs, split, f"{dataset_name}[{name!r}]")
-        return
-    columns = getattr(dataset, "column_names", None)
-    if columns is None:
-        return
-    if "prompt" not in columns:
-        raise ValueError(
-            f"{dataset_name} has no 'prompt' column (columns: {columns}); GRPO/OR1 training generates from it. "
-            "Rename yours with `dataset.rename_column(old, 'prompt')` (examples/train_or1.py: --prompt_column)."
-        )
-    funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-    for func in funcs:
-        missing = [column for column in required_columns(func) if column not in columns]
-        if missing:
-            name = getattr(func, "__name__", type(func).__name__)
-            raise ValueError(
-                f"The reward function {name!r} needs the dataset column(s) {missing}, but {dataset_name} has only "
-                f"{columns}. Rename the column holding them with `dataset.rename_column(old, new)` "
-                "(examples/train_or1.py: --answer_column)."
-            )
-
+from .rewards.columns import ABILITY_COLUMN, ANSWER_COLUMN, TESTS_COLUMN, check_reward_columns
 
 # ---------------------------------------------------------------------------------------------------------------
 # The released (verl) format
 # ---------------------------------------------------------------------------------------------------------------
 
-ANSWER_COLUMN, TESTS_COLUMN, ABILITY_COLUMN = "answer", "tests", "ability"
 ABILITIES = ("math", "code")
 #: Column of `or1-trl train`'s `--reward`: where each verifier reads its gold.
 REWARD_COLUMNS = {"math": ANSWER_COLUMN, "code": TESTS_COLUMN}

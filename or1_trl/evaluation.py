@@ -347,7 +347,7 @@ def evaluate(backend, benchmarks: Mapping[str, Sequence[Problem]], settings, out
 
     Problems already in `<name>.jsonl` (same sampling settings) are not sampled again.
     """
-    from .checkpoint import write_json_atomic
+    from .files import write_json_atomic
     from .sampling import SampleStore, sample
 
     if reward_func is None:

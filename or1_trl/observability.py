@@ -57,7 +57,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
 
-from .checkpoint import write_json_atomic
+from .files import write_json_atomic
 
 PHASES = ("rollout", "reward", "update", "other")
 TIMED = PHASES[:3]  # measured directly; `other` is the rest of the step

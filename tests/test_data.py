@@ -21,14 +21,8 @@ from or1_trl.data import (
 )
 from or1_trl.rewards import CodeReward, mixed_rewards
 from or1_trl.rewards.sandbox import SandboxUnavailable
-from or1_trl.testing import (
-    released_features,
-    released_row,
-    save_tiny_model,
-    tiny_model_and_tokenizer,
-    tiny_training_args,
-    write_released_dataset,
-)
+from or1_trl.testing import save_tiny_model, tiny_model_and_tokenizer, tiny_training_args
+from tests.helpers import released_features, released_row, write_released_dataset
 
 TINY_RECIPE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "recipes",
                            "tiny_cpu.yaml")

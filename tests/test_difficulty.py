@@ -15,7 +15,7 @@ from or1_trl.difficulty import estimate_difficulty
 from or1_trl.rewards import CodeReward, MathReward
 from or1_trl.rewards.sandbox import SandboxUnavailable
 from or1_trl.sampling import Completion
-from or1_trl.testing import released_features, released_row
+from tests.helpers import released_features, released_row
 
 MATH_REWARD = MathReward(num_workers=0)  # in-process: the scripted answers are short
 

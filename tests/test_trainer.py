@@ -285,7 +285,7 @@ def test_missing_reward_column_fails_before_the_model_loads(tmp_path):
 
 
 def test_required_columns_of_reward_functions():
-    from or1_trl.data import required_columns
+    from or1_trl.rewards.columns import required_columns
     from or1_trl.rewards import code_reward, math_reward
 
     assert required_columns(math_reward) == ("answer",)

@@ -15,10 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["AbilityReward", "mixed_rewards", "ABILITY_COLUMN"]
+from .code import code_reward
+from .columns import ABILITY_COLUMN, required_columns
+from .math import math_reward
 
-#: Dataset column naming each row's verifier (verl's and Skywork's name for it).
-ABILITY_COLUMN = "ability"
+__all__ = ["AbilityReward", "mixed_rewards", "ABILITY_COLUMN"]
 
 
 class AbilityReward:
@@ -31,8 +32,6 @@ class AbilityReward:
     """
 
     def __init__(self, reward: Callable[..., list[float]], ability: str, column: str = ABILITY_COLUMN):
-        from ..data import required_columns
-
         self.reward, self.ability, self.column = reward, ability, column
         self.__name__ = getattr(reward, "__name__", type(reward).__name__)
         #: Checked by `OR1Trainer` at construction: the inner reward's columns plus the ability column.
@@ -71,8 +70,6 @@ def mixed_rewards(abilities: Sequence[str] = ("math", "code"), math: Callable | 
                   code: Callable | None = None) -> list[AbilityReward]:
     """One `AbilityReward` per ability: `math_reward` on the `"math"` rows, `code_reward` on the `"code"` rows
     (or the rewards given)."""
-    from . import code_reward, math_reward
-
     verifiers = {"math": math or math_reward, "code": code or code_reward}
     unknown = [a for a in abilities if a not in verifiers]
     if unknown:

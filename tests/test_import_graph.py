@@ -1,0 +1,116 @@
+"""No import circle inside `or1_trl`, imports inside functions included (issue 22.2).
+
+Every `import` / `from ... import` of a package module counts, wherever it stands (module level, inside a function
+or a method), except under `if TYPE_CHECKING:` (never executed). `from . import x` counts as an import of the
+submodule `x` when there is one, otherwise of the package. A circle is reported with the line of each import.
+"""
+
+import ast
+import pathlib
+
+import or1_trl
+
+PACKAGE = pathlib.Path(or1_trl.__file__).parent
+ROOT = PACKAGE.parent
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST):
+    """Every import node, at any depth, outside `if TYPE_CHECKING:` blocks."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+    """`{module: {imported package module: line}}` for every module of `or1_trl`."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = {}
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    module = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    module = node.module or ""
+                submodules = [f"{module}.{alias.name}" for alias in node.names if f"{module}.{alias.name}" in paths]
+                targets = submodules or [module]
+            for target in targets:
+                if target in paths and target != name:
+                    edges.setdefault(target, node.lineno)
+        graph[name] = edges
+    return graph
+
+
+def find_circle(graph: dict[str, dict[str, int]]) -> list[str] | None:
+    """One circle of `graph` as `[a, b, ..., a]`, or `None` (depth-first search, white/grey/black)."""
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph.get(node, {})):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state:
+                found = visit(target)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            found = visit(start)
+            if found:
+                return found
+    return None
+
+
+def test_find_circle_sees_function_level_imports(tmp_path):
+    graph = {"p.a": {"p.b": 3}, "p.b": {"p.c": 10}, "p.c": {"p.a": 42}, "p.d": {"p.a": 1}}
+    assert find_circle(graph) == ["p.a", "p.b", "p.c", "p.a"]
+    assert find_circle({"p.a": {"p.b": 3}, "p.b": {}}) is None
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x\n"
+                     "def f():\n    from .data import y\n")
+    assert [type(n).__name__ for n in _imports(tree)] == ["ImportFrom", "ImportFrom"]
+
+
+def test_graph_holds_function_level_imports():
+    graph = import_graph()
+    # `AbilityReward` needs its inner reward's columns: a module-level import of the leaf module `rewards.columns`.
+    assert "or1_trl.rewards.columns" in graph["or1_trl.rewards.mixed"]
+    assert "or1_trl.rewards.columns" in graph["or1_trl.data"]
+    # `data.released_format_inputs` imports the rewards inside a function: counted.
+    assert "or1_trl.rewards" in graph["or1_trl.data"]
+    assert graph["or1_trl.rewards.columns"] == {}
+
+
+def test_no_import_circle_in_the_package():
+    graph = import_graph()
+    circle = find_circle(graph)
+    assert circle is None, "import circle: " + " -> ".join(
+        f"{a} (line {graph[a][b]})" for a, b in zip(circle, circle[1:])) + f" -> {circle[-1]}"
