@@ -12,6 +12,9 @@
   repeated for the micro-steps that consume it) over the active pool only, resumable: its position is a count of
   rollout batches drawn, saved in checkpoints, and the order of each pass over the pool is a pure function of
   (seed, stage, pass), so every rank draws the same prompts without communicating.
+- **Schedule** (`PromptSchedule`): all of the above for one run — the pool, the statistics and their log, the
+  sampler position, the refill stream, the epoch of each record, stage entry and its checkpoint state — so that
+  `OR1Trainer` only calls it from its hooks.
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ Two ways to drop them (`OR1Config.rejection_sampling`):
   backward), so the kept rows are padded with zero-weight rows to a multiple of the number of micro-steps —
   every micro-step gets at least one row, and a rank left with nothing runs a zero-weight step.
 
-Both give the same gradient; `compact` runs fewer rows. Everything here is a pure function on tensors.
+Both give the same gradient; `compact` runs fewer rows. `reject` runs the whole rejection step, refill rounds
+included (DAPO's dynamic sampling: `more()` generates another rollout batch). Everything here is a function of
+tensors and batch dicts, testable without a trainer.
 """
 
 from __future__ import annotations
