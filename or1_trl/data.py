@@ -541,6 +541,48 @@ def check_prompt_lengths(lengths: list[int], context: int | None, completion_len
     return None
 
 
+def check_prompts_fit(train_dataset, eval_dataset, tokenize, text_config, completion_length: int,
+                      max_prompt_length: int | None, vllm_max_model_length: int | None, strict: bool, warn,
+                      is_vlm: bool = False, tokenised_elsewhere: bool = False) -> None:
+    """`check_prompt_lengths` over the train and eval datasets (each of a dict of eval datasets) that are
+    `datasets.Dataset`s with a `prompt` column, measured with `tokenize` (`prompt_lengths`; `OR1Trainer` passes TRL's
+    own tokenisation). The context is `vllm_max_model_length` where set, else `text_config.max_position_embeddings`.
+    Each warning goes to `warn(message)` as it is found; with `strict=False` (a plain `GRPOConfig`, which has no
+    truncation to offer) the errors are warnings too.
+
+    Not measured: a vision-language model (`is_vlm`: it would process every image; `max_prompt_length` is an error
+    there, it would cut image tokens), or prompts tokenised elsewhere (a rollout function, environments).
+    """
+    from datasets import Dataset
+
+    if is_vlm:
+        if max_prompt_length is not None:
+            raise ValueError("max_prompt_length cuts token ids, which would cut image tokens too: it supports "
+                             "text-only models; unset it.")
+        return
+    if tokenised_elsewhere:
+        return
+    context = getattr(text_config, "max_position_embeddings", None)
+    source = "the model's max_position_embeddings"
+    if vllm_max_model_length:
+        context, source = vllm_max_model_length, "vllm_max_model_length"
+    datasets = {"train_dataset": train_dataset}
+    evals = eval_dataset if isinstance(eval_dataset, dict) else {None: eval_dataset}
+    datasets.update({"eval_dataset" if k is None else f"eval_dataset[{k!r}]": v for k, v in evals.items()})
+    for name, dataset in datasets.items():
+        if not isinstance(dataset, Dataset) or "prompt" not in dataset.column_names:
+            continue
+        lengths = prompt_lengths(dataset["prompt"], tokenize)
+        try:
+            message = check_prompt_lengths(lengths, context, completion_length, max_prompt_length, name, source)
+        except ValueError as exc:
+            if strict:
+                raise
+            message = str(exc)
+        if message:
+            warn(message)
+
+
 # Loading: a Hub id, a local folder or a local data file
 # ---------------------------------------------------------------------------------------------------------------
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 # Presets for (entropy_target, entropy_coef_delta, entropy_coef_min, entropy_coef_max).
 # "paper": Skywork-OR1 report §3.2.4 (tgt 0.2, Δ 0.005; the report states no upper clip, we guard with 1.0).
 # "released": the released training scripts (tgt 0.2, Δ 1e-4, c_min 0, c_max 5e-3).
@@ -59,6 +61,12 @@ class AdaptiveEntropyController:
     last_entropy: float = math.inf
     adaptive: bool = True
 
+    @classmethod
+    def for_config(cls, args) -> "AdaptiveEntropyController":
+        """The controller of a run configured by `args` (`entropy_target`, `entropy_coef_*`, `use_adaptive_entropy`)."""
+        return cls(target=args.entropy_target, delta=args.entropy_coef_delta, coef_min=args.entropy_coef_min,
+                   coef_max=args.entropy_coef_max, coef=args.entropy_coef, adaptive=args.use_adaptive_entropy)
+
     def coefficient(self) -> float:
         """α applied to the entropy term of the current step: c · 1{e_last ≤ tgt} (or the constant c)."""
         if not self.adaptive:
@@ -76,3 +84,20 @@ class AdaptiveEntropyController:
         self.coef = min(max(self.coef, self.coef_min), self.coef_max)
         self.last_entropy = float(entropy)
         return self.coef
+
+
+class StepWindow:
+    """The mean of a per-token value over the kept tokens of one optimizer step: `add` each micro-step's `[b, T]`
+    values and mask, `close` at the step's end with the sum over ranks (`reduce`); `None` when no token was kept."""
+
+    def __init__(self):
+        self.stats: torch.Tensor | None = None  # [Σ v·m, Σ m]
+
+    def add(self, per_token: torch.Tensor, mask: torch.Tensor) -> None:
+        stats = torch.stack([(per_token * mask).sum(), mask.sum()])  # [2]
+        self.stats = stats if self.stats is None else self.stats + stats
+
+    def close(self, reduce) -> float | None:
+        total, count = reduce(self.stats).tolist()
+        self.stats = None
+        return total / count if count > 0 else None

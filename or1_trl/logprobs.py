@@ -16,8 +16,8 @@ Qwen's 151,936-token vocabulary that is ~10 GB in fp32 before its gradient. Two 
 
 The Liger backend reuses the whole of TRL's fused head — the backbone call, FSDP2/ZeRO-3 weight gathering, the
 temperature fixed when the head was patched, MoE auxiliary loss, the `[B, T]` layout of the result — and replaces
-only the kernel it calls (`liger_lm_head`). So the temperature of a stage (`OR1Trainer._enter_stage` re-patches the
-head) and the old-policy and reference passes use it the same way.
+only the kernel it calls, on the trainer's models only (`use_liger_head`). So the temperature of a stage
+(`OR1Trainer._enter_stage` re-patches the head) and the old-policy and reference passes use it the same way.
 
 `"auto"` picks what `benchmarks/memory.py` measured lowest per device: `liger` on CPU; `trl` on CUDA and other
 accelerators (Liger on GPUs is not measured here), and `trl` wherever Liger cannot run the model (see
@@ -26,8 +26,9 @@ accelerators (Liger on GPUs is not measured here), and `trl` wherever Liger cann
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import importlib.util
+import types
 
 import torch
 
@@ -117,22 +118,34 @@ class LigerLogProbFunction:
         return logps, entropy, None, None, None
 
 
-@contextlib.contextmanager
-def liger_lm_head():
-    """Within this context, TRL's fused LM head (`add_fused_lm_head`) computes with Liger, on the scored positions only.
+def _score_valid_positions_only(device) -> bool:
+    return True
 
-    TRL's head looks its kernel (`_ChunkedLogProbFunction`) and its "score only the valid positions" switch
-    (`_use_triton`, true on Triton devices) up in `trl.trainer.utils` at call time; both are swapped for the context
-    and restored after. Backward needs no context: the Liger autograd nodes created inside carry their own backward.
+
+def use_liger_head(model) -> None:
+    """Make `model`'s fused LM head (TRL's `add_fused_lm_head`, already installed on it) compute with Liger, on the
+    scored positions only. Only this model changes: other models, trainers and threads keep TRL's kernel.
+
+    TRL's patched forward looks its kernel (`_ChunkedLogProbFunction`) and its "score only the valid positions" switch
+    (`_use_triton`, true on Triton devices) up in the globals of `trl.trainer.utils` at call time, and takes no
+    argument for either. Instead of swapping those module globals (process-wide), this model's forward is rebuilt
+    from TRL's own code with those two names bound to Liger's (`LigerLogProbFunction`, always valid positions only):
+    a per-model binding, which lasts until TRL patches the head again (`OR1Trainer._enter_stage` then calls this
+    again). Backward needs nothing: the Liger autograd nodes carry their own backward.
     """
-    import trl.trainer.utils as trl_utils
-
-    saved = trl_utils._ChunkedLogProbFunction, trl_utils._use_triton
-    trl_utils._ChunkedLogProbFunction, trl_utils._use_triton = LigerLogProbFunction, lambda device: True
-    try:
-        yield
-    finally:
-        trl_utils._ChunkedLogProbFunction, trl_utils._use_triton = saved
+    forward = getattr(model.forward, "__func__", None)
+    code = getattr(forward, "__code__", None)
+    if code is None or not {"_ChunkedLogProbFunction", "_use_triton"} <= set(code.co_names):
+        raise TypeError(
+            f"logprob_backend='liger' needs TRL's fused LM head on the model (trl.trainer.utils.add_fused_lm_head); "
+            f"{type(model).__name__}.forward is not it."
+        )
+    names = {"_ChunkedLogProbFunction": LigerLogProbFunction, "_use_triton": _score_valid_positions_only}
+    liger = types.FunctionType(code, {**forward.__globals__, **names}, forward.__name__, forward.__defaults__,
+                               forward.__closure__)
+    liger.__kwdefaults__ = forward.__kwdefaults__
+    functools.update_wrapper(liger, forward)  # the signature `generate` validates its kwargs against
+    model.forward = types.MethodType(liger, model)
 
 
 def _liger_cannot_run(model, device: torch.device) -> str | None:

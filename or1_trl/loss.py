@@ -118,3 +118,44 @@ def selected_tokens_normaliser(selected: torch.Tensor, rows: torch.Tensor, kept_
 def sampled_token_entropy(logps: torch.Tensor) -> torch.Tensor:
     """The released code's entropy estimate per token: −log π(a_t|s_t) of the sampled token, `[B, T]`."""
     return -logps
+
+
+@dataclass
+class MagicLoss:
+    """One micro-step's eq. 3.1 (`magic_loss`).
+
+    Attributes:
+        loss: what backward runs on: the policy term over the kept groups, TRL's auxiliary loss, − α·H.
+        policy_loss: the policy term alone, detached, as TRL logs `policy_loss` (`Normaliser.per_micro_batch`).
+    """
+
+    loss: torch.Tensor
+    policy_loss: torch.Tensor
+
+
+def magic_loss(trl_loss: torch.Tensor, aux_loss: torch.Tensor | float, entropies: torch.Tensor, mask: torch.Tensor,
+               norm: Normaliser, alpha: float, selected: tuple | None = None) -> MagicLoss:
+    """Eq. 3.1 for one micro-step from TRL's loss of it: OR1's normalisers and entropy term around TRL's policy term.
+
+    Args:
+        trl_loss: TRL's `_compute_loss` on the kept tokens (its policy term, with `aux_loss` added; its own entropy
+            bonus off).
+        aux_loss: the auxiliary (MoE router) loss TRL added, as it added it (0.0 without).
+        entropies: `[b, T]` per-token entropies H of the policy pass.
+        mask: `[b, T]` kept tokens (`rejection.loss_mask`).
+        norm: the micro-step's `Normaliser` (kept groups only).
+        alpha: α_k, the entropy coefficient (`AdaptiveEntropyController.coefficient`).
+        selected: for the 80/20 rule's `"selected"` normaliser, `(selected tokens, rows with a kept token)` of the
+            micro-batch over all ranks and the micro-step's `share` of the step's rows with a kept token
+            (`selected_tokens_normaliser`); `None`: the loss type's own normaliser over the kept groups.
+
+    The policy term is rescaled from TRL's row count to the kept groups' (`Normaliser.trl_factor`), or from T_k to
+    the selected tokens; α·H is aggregated like the policy term (`Normaliser.__call__`) and left out at α = 0 (the
+    controller's usual state), so that no entropy gradient is computed then.
+    """
+    scale = norm.trl_factor() if selected is None else norm.tokens / selected_tokens_normaliser(*selected)
+    policy_loss = (trl_loss - aux_loss) * scale
+    loss = policy_loss + aux_loss
+    if alpha != 0.0:
+        loss = loss - alpha * norm(entropies, mask)  # α·H over every kept token, normalised like the policy term
+    return MagicLoss(loss, norm.per_micro_batch(policy_loss.detach()))

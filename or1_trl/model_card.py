@@ -191,6 +191,14 @@ def insert_section(card_text: str, section: str) -> str:
     return card_text.rstrip("\n") + "\n\n" + section
 
 
+def write_section(card_path: str, section: str) -> None:
+    """Put the OR1 `section` into the model card TRL wrote at `card_path` (`insert_section`)."""
+    with open(card_path, encoding="utf-8") as f:
+        card = f.read()
+    with open(card_path, "w", encoding="utf-8") as f:
+        f.write(insert_section(card, section))
+
+
 def update_eval_block(card_path: str, summary: Mapping) -> bool:
     """Refresh the evaluation block of an OR1 card in place (what `or1-trl eval` does for a trained output dir).
     False when `card_path` is not an OR1 card."""

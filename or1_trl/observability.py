@@ -162,6 +162,20 @@ class SaveFinalState(TrainerCallback):
             write_json_atomic(os.path.join(args.output_dir, TRAINER_STATE_NAME), dataclasses.asdict(state))
 
 
+def close_progress_bars(handler):
+    """An `on_train_end` for `handler` (a `CallbackHandler`) that ends only its progress bars (`ProgressCallback`):
+    what a stage that is not the last calls at its end, so that trackers and the like stay open across stages."""
+    from transformers import ProgressCallback
+
+    def on_train_end(args, state, control):
+        for callback in handler.callbacks:
+            if isinstance(callback, ProgressCallback):
+                callback.on_train_end(args, state, control)
+        return control
+
+    return on_train_end
+
+
 def accuracy_metrics(rewards: torch.Tensor, truncated: torch.Tensor) -> dict[str, float]:
     """Share of correct samples (reward ≥ 1) among all scored samples and among those not truncated.
 
@@ -187,7 +201,8 @@ def accuracy_metrics(rewards: torch.Tensor, truncated: torch.Tensor) -> dict[str
 class EntropyWatch:
     """Two warnings about the entropy the controller steers (paper §3.2.4, §4), each given at most once per run.
 
-    Fed once per optimizer step with the policy's entropy over the kept tokens of the step (`observe`).
+    Fed once per optimizer step with the policy's entropy over the kept tokens of the step (`observe`; or summed
+    micro-step by micro-step with `add`, then `end_step`).
 
     - **Collapse**: the entropy stays below `collapse_fraction · target` for `collapse_steps` consecutive measured
       steps while the controller cannot push back — it is off (`adaptive=False`) or saturated (c = c_max). The
@@ -217,6 +232,17 @@ class EntropyWatch:
     _first: list[float] = field(default_factory=list)
     _warned_collapse: bool = False
     _warned_start: bool = False
+    _step_sums: list[float] = field(default_factory=lambda: [0.0, 0.0])  # [Σ H·m, Σ m] of the current step
+
+    def add(self, total: float, kept: float) -> None:
+        """One micro-step's Σ H·m and Σ m over the kept tokens (all ranks), towards the step's entropy."""
+        self._step_sums = [self._step_sums[0] + total, self._step_sums[1] + kept]
+
+    def end_step(self, coef: float) -> list[str]:
+        """`observe` the entropy of the step `add` summed (None without a kept token); starts the next step."""
+        total, count = self._step_sums
+        self._step_sums = [0.0, 0.0]
+        return self.observe(total / count if count > 0 else None, coef)
 
     @classmethod
     def for_config(cls, args) -> "EntropyWatch":

@@ -12,6 +12,9 @@
   repeated for the micro-steps that consume it) over the active pool only, resumable: its position is a count of
   rollout batches drawn, saved in checkpoints, and the order of each pass over the pool is a pure function of
   (seed, stage, pass), so every rank draws the same prompts without communicating.
+- **Schedule** (`PromptSchedule`): all of the above for one run — the pool, the statistics and their log, the
+  sampler position, the refill stream, the epoch of each record, stage entry and its checkpoint state — so that
+  `OR1Trainer` only calls it from its hooks.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -263,3 +266,127 @@ class PromptSampler(Sampler[int]):
 
     def __len__(self) -> int:  # one pass over the pool, as RepeatSampler counts it
         return self.batches_per_pass * self.batch_size * self.num_generations * self.repeat_count
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The schedule: pool, statistics, sampler position and refill stream of one run, stage by stage
+# ---------------------------------------------------------------------------------------------------------------
+
+PROMPTS_STATE_FILE = "or1_prompts.json"  # pool, sampler position, size of prompt_stats.jsonl
+PROMPT_STATS_STATE_FILE = "or1_prompt_stats.json"  # the aggregate per-prompt statistics
+
+
+class PromptSchedule:
+    """What the trainer draws its prompts from, stage by stage (paper §3.1, §3.2.2), and what it learnt about them.
+
+    Owns the prompt pool (`pool`), the per-prompt statistics (`stats`) and their log (`log`, `prompt_stats.jsonl`),
+    the sampler's position (`position`: rollout batches drawn in the stage, and refill batches drawn), the refill
+    stream (its own `PromptSampler`, seeded `seed + 1`), the epoch of each record, stage entry (the online filter
+    and its error) and its own checkpoint state (`state` / `load_state`). Every rank holds the same schedule (it is
+    fed rewards gathered over all ranks); only the main process writes the log.
+
+    Args:
+        ids: one prompt id per dataset row (`prompt_ids`).
+        seed: the run's seed (the samplers' permutations).
+        log_path: path of `prompt_stats.jsonl`.
+    """
+
+    STATE_FILES = (PROMPTS_STATE_FILE, PROMPT_STATS_STATE_FILE)
+
+    def __init__(self, ids: list[str], seed: int, log_path: str):
+        self.ids = ids
+        self.seed = seed
+        self.pool = PromptPool(ids)
+        self.stats = PromptStats()
+        self.log = StatsLog(log_path)
+        self.position = {"stage": 0, "consumed": 0, "refill": 0}  # rollout batches drawn in the stage
+        self.sampler: PromptSampler | None = None  # the data loader's, with stages
+        self._refill: PromptSampler | None = None
+
+    def enter_stage(self, index: int, start_step: int, batch_size: int, threshold: float | None,
+                    unsolved_after: int | None, warn: Callable[[str], None] = lambda message: None) -> None:
+        """Start stage `index` (if the pool was built for an earlier one): the online filter for every stage between,
+        each saying what it removed (`warn(message)`), and the sampler position back to the stage's start. A pool
+        left smaller than one batch of `batch_size` prompts is a `ValueError` saying why and what to change."""
+        if self.pool.stage >= index:
+            return
+        for new_stage in range(self.pool.stage + 1, index + 1):
+            removed = self.pool.apply_online_filter(self.stats, new_stage, threshold, unsolved_after)
+            warn(f"Stage {new_stage} starts at step {start_step}: the online filter removed {removed['solved']} solved "
+                 f"and {removed['unsolved']} never-solved prompts; pool: {len(self.pool)} rows.")
+        self.position = {"stage": index, "consumed": 0, "refill": 0}
+        if len(self.pool) < batch_size:
+            raise ValueError(
+                f"Stage {index}: the online filter left {len(self.pool)} prompts in the pool, fewer than one batch of "
+                f"{batch_size} — {removed['solved']} left for accuracy >= online_filter_threshold={threshold} in stage "
+                f"{index - 1}, {removed['unsolved']} for online_filter_unsolved_after={unsolved_after}. Raise the "
+                "threshold (or set it to None), unset online_filter_unsolved_after, add prompts, or lower the stage's "
+                "batch_size."
+            )
+
+    def new_sampler(self, stage: int, batch_size: int, num_generations: int, repeat_count: int) -> PromptSampler:
+        """The data loader's sampler over the active pool, from the saved position (0 at a stage start)."""
+        self.sampler = PromptSampler(self.pool.active, batch_size=batch_size, num_generations=num_generations,
+                                     repeat_count=repeat_count, seed=self.seed, stage=stage,
+                                     consumed=self.position["consumed"])
+        return self.sampler
+
+    def refill_rows(self, stage: int, num_groups: int, num_generations: int) -> list[int]:
+        """Dataset rows of the next refill batch (all ranks): `num_groups` prompts of the pool, each G times, from a
+        stream of its own (not the data loader's), resumed from its saved position."""
+        refill = self._refill
+        if refill is None or refill.stage != stage or refill.batch_size != num_groups:
+            refill = self._refill = PromptSampler(self.pool.active, num_groups, num_generations, 1, seed=self.seed + 1,
+                                                  stage=stage, consumed=self.position.get("refill", 0))
+        prompts = refill.batch(refill.consumed)
+        refill.consumed += 1
+        self.position["refill"] = refill.consumed
+        return [index for index in prompts for _ in range(num_generations)]
+
+    def record(self, stage: int, step: int, rows: list[list[int]], rewards: list[float], prompts_per_batch: int,
+               refill: bool = False, write_log: bool = True) -> list[dict]:
+        """One rollout's outcomes (rows of all ranks) into the statistics and, with `write_log`, `prompt_stats.jsonl`;
+        a regular rollout (not a refill) then counts one rollout batch drawn. Returns the records.
+
+        Args:
+            rows: `[N, 3]` per row: dataset index, truncated, completion length.
+            rewards: `[N]` scalar rewards.
+            prompts_per_batch: prompts per rollout batch (all ranks).
+
+        A record's `epoch` is the pass over the pool (within its stage) its rollout batch belongs to: the sampler
+        draws `len(pool) // prompts_per_batch` batches per pass, every prompt at most once (TRL's `RepeatSampler` and
+        `PromptSampler` alike); refill batches count in the epoch of the rollout they refill."""
+        index, truncated, lengths = (list(column) for column in zip(*rows))
+        batches_per_pass = max(1, len(self.pool) // prompts_per_batch)
+        epoch = (self.position["consumed"] - (1 if refill else 0)) // batches_per_pass
+        records = []
+        for row, outcome in batch_outcomes(index, rewards, truncated, lengths).items():
+            pid = self.ids[row]
+            self.stats.add(stage, pid, outcome)
+            records.append({"prompt_id": pid, "stage": stage, "epoch": epoch, "step": step, "samples": outcome.samples,
+                            "correct": outcome.correct, "truncated": outcome.truncated,
+                            "mean_length": outcome.length_sum / outcome.samples})
+        if write_log:
+            self.log.append(records)
+        if not refill:
+            self.position["consumed"] += 1  # rollout batches drawn in this stage (with or without stages)
+            if self.sampler is not None:
+                self.sampler.consumed = self.position["consumed"]
+        return records
+
+    def state(self) -> dict[str, dict]:
+        """`{file name: JSON state}` for a checkpoint."""
+        return {
+            PROMPTS_STATE_FILE: {"pool": self.pool.state_dict(), "sampler": dict(self.position),
+                                 "stats_log_size": self.log.size},
+            PROMPT_STATS_STATE_FILE: self.stats.state_dict(),
+        }
+
+    def load_state(self, states: dict[str, dict], truncate_log: bool = True) -> None:
+        """Restore from `state()`'s files; with `truncate_log` (the main process) drop what was logged after them."""
+        prompts = states[PROMPTS_STATE_FILE]
+        self.pool.load_state_dict(prompts["pool"])
+        self.position = dict(prompts["sampler"])
+        self.stats.load_state_dict(states[PROMPT_STATS_STATE_FILE])
+        if truncate_log:
+            self.log.truncate(prompts["stats_log_size"])

@@ -14,18 +14,23 @@ Two ways to drop them (`OR1Config.rejection_sampling`):
   backward), so the kept rows are padded with zero-weight rows to a multiple of the number of micro-steps —
   every micro-step gets at least one row, and a rank left with nothing runs a zero-weight step.
 
-Both give the same gradient; `compact` runs fewer rows. Everything here is a pure function on tensors.
+Both give the same gradient; `compact` runs fewer rows. `reject` runs the whole rejection step, refill rounds
+included (DAPO's dynamic sampling: `more()` generates another rollout batch). Everything here is a function of
+tensors and batch dicts, testable without a trainer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 WEIGHT_KEY = "or1_weight"  # per-row weight in the batch dict: 1.0 kept, 0.0 rejected / padding
+KEPT_ROWS_KEY = "or1_kept_rows"  # rows with at least one trainable token, over all ranks (batch-level scalar)
+KEPT_GROUP_ROWS_KEY = "or1_kept_group_rows"  # rows of kept groups, over all ranks (with rejection; batch-level scalar)
 
 
 @dataclass
@@ -153,6 +158,91 @@ def concat_batches(first: dict[str, Any], second: dict[str, Any], pad_token_id: 
 def cap_kept_groups(keep: torch.Tensor, max_groups: int) -> torch.Tensor:
     """`keep` with only its first `max_groups` True entries left True (rows beyond the batch are discarded)."""
     return keep & (keep.cumsum(0) <= max_groups)
+
+
+def local_rows(keep_groups: torch.Tensor, num_generations: int, rank: int, num_local: int) -> torch.Tensor:
+    """`[b]` rank `rank`'s rows of the groups `keep_groups` (`[B]` over all ranks; TRL's layout: each rank holds
+    `num_local` consecutive rows of the groups, G consecutive rows per group)."""
+    start = rank * num_local
+    return keep_groups.repeat_interleave(num_generations)[start : start + num_local]
+
+
+def loss_mask(inputs: dict[str, Any]) -> torch.Tensor:
+    """`[b, T]` weight of each completion token: padding, tool output and rejected rows are 0."""
+    mask = inputs["completion_mask"].float()
+    if inputs.get("tool_mask") is not None:
+        mask = mask * inputs["tool_mask"]
+    if WEIGHT_KEY in inputs:
+        mask = mask * inputs[WEIGHT_KEY].unsqueeze(1)
+    return mask
+
+
+def count_kept(batch: dict[str, Any], gather: Callable) -> torch.Tensor:
+    """Over all ranks (`gather`: the all-gather), into `batch` (scalars): T_k, every trainable token of the kept
+    groups (`num_items_in_batch`, eq. 3.1's normaliser); the rows holding one (`KEPT_ROWS_KEY`: the 80/20 "selected"
+    normaliser weighs micro-steps by their share of these); with rejection the kept groups' rows
+    (`KEPT_GROUP_ROWS_KEY`: what the row-mean loss types count, `loss.Normaliser`). Returns T_k."""
+    mask = loss_mask(batch)  # [b, T]
+    weight = batch.get(WEIGHT_KEY, torch.ones_like(mask[:, 0]))  # [b]
+    local = torch.stack([mask.sum(), (mask.sum(dim=1) > 0).sum().float(), weight.sum()])  # [3]
+    kept_tokens, kept_rows, group_rows = gather(local).view(-1, 3).sum(dim=0)
+    batch["num_items_in_batch"], batch[KEPT_ROWS_KEY] = kept_tokens, kept_rows
+    if WEIGHT_KEY in batch:
+        batch[KEPT_GROUP_ROWS_KEY] = group_rows
+    return kept_tokens
+
+
+@dataclass
+class Rejection:
+    """What `reject` did to one rollout: the batch to train on, the first rollout's group verdicts, and the metrics."""
+
+    batch: dict[str, Any]
+    outcomes: GroupOutcomes
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def reject(batch: dict[str, Any], rewards: torch.Tensor, num_generations: int, mode: str, rank: int,
+           steps_per_generation: int, pad_token_id: int, refill_rounds: int = 0,
+           more: Callable[[], tuple[dict[str, Any], torch.Tensor]] | None = None) -> Rejection:
+    """Rejection sampling of one rollout (T~_k), with DAPO's dynamic-sampling refill.
+
+    Groups whose rewards are all equal leave the batch. While fewer than the batch's number of groups are kept and
+    fewer than `refill_rounds` refills ran, `more()` generates another rollout batch (all ranks in lockstep) and
+    returns this rank's part of it and its `[B*G]` rewards over all ranks; its informative groups fill the batch up
+    (the first ones, up to the batch's size) and the rest of it is discarded. Then the rejected rows are removed
+    (`mode="compact"`, padded for `steps_per_generation` micro-steps) or weighted 0 (`mode="mask"`).
+
+    Args:
+        batch: this rank's rollout batch (TRL's `_generate_and_score_completions` output).
+        rewards: `[B*G]` scalar rewards over all ranks, groups contiguous.
+        rank: this rank's index (its rows are the `rank`-th slice of the batch's rows over all ranks).
+
+    Returns:
+        a `Rejection`; its metrics: `rejection/{kept_group,solve_none,solve_all}_frac` of the first rollout and, with
+        `refill_rounds`, `refill/rounds`, `refill/generated_rows` and `refill/batch_fill`.
+    """
+    num_local = len(batch["completion_ids"])
+    outcomes = group_outcomes(rewards, num_generations)
+    metrics = {f"rejection/{name}": value for name, value in outcomes.fractions().items()}
+    keep, num_groups = outcomes.keep, outcomes.num_groups  # [B] over all ranks
+    keep_rows = local_rows(keep, num_generations, rank, num_local)  # [b]
+    rounds = 0
+    while rounds < refill_rounds and int(keep.sum()) < num_groups:
+        rounds += 1
+        extra, extra_rewards = more()
+        extra_keep = cap_kept_groups(group_outcomes(extra_rewards, num_generations).keep, num_groups - int(keep.sum()))
+        batch = concat_batches(batch, extra, pad_token_id)
+        keep = torch.cat([keep, extra_keep])
+        keep_rows = torch.cat([keep_rows, local_rows(extra_keep, num_generations, rank, num_local)])
+    if refill_rounds:
+        metrics["refill/rounds"] = float(rounds)
+        metrics["refill/generated_rows"] = float(rounds * num_groups * num_generations)
+        metrics["refill/batch_fill"] = int(keep.sum()) / num_groups
+    if mode == "compact":
+        batch = compact_batch(batch, keep_rows.to(batch["completion_ids"].device), steps_per_generation)
+    else:
+        batch = mask_batch(batch, keep_rows)
+    return Rejection(batch, outcomes, metrics)
 
 
 @contextmanager

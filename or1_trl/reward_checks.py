@@ -109,3 +109,38 @@ def _snippet(value: Any, width: int = 60) -> str:
         value = value[-1].get("content", "")
     text = str(value)
     return repr(text if len(text) <= width else text[: width - 1] + "…")
+
+
+class NonfiniteRewards:
+    """`OR1Config.nonfinite_rewards` over a run: each rollout's `[N, F]` rewards screened for an inf/NaN a function
+    returned; an error naming the function and the sample, or with `"zero"` such entries scored 0, counted, and
+    warned about once (`warned`)."""
+
+    def __init__(self):
+        self.warned = False
+
+    def screen(self, rewards_per_func: torch.Tensor, abstained, gather: Callable, zero: bool, names: Sequence[str],
+               rank: int, prompts: Sequence[Any], completions: Sequence[Any], dataset_rows: Sequence[int],
+               step: int) -> tuple[torch.Tensor, float | None, str | None]:
+        """`(rewards, count, warning)`: the rewards with bad entries scored 0 (`zero`; else a `ValueError`), how many
+        there were (`None` unless `zero`), and the warning to log (only the first time).
+
+        Args:
+            abstained: per function, this rank's rows where it returned `None` (`record_abstentions`).
+            gather: the all-gather over ranks; rank: this rank's index; prompts, completions, dataset_rows: this
+                rank's rows; step: the step the rollout is for.
+        """
+        bad = nonfinite_mask(rewards_per_func, abstained, len(prompts), gather)  # [N, F]
+        count = float(bad.sum()) if zero else None
+        if not bad.any():
+            return rewards_per_func, count, None
+        message = nonfinite_message(
+            bad, rewards_per_func, names, rank * len(prompts), prompts, completions, dataset_rows, step,
+            "Scored 0 (nonfinite_rewards='zero'; counted in reward/nonfinite); this warning is not repeated." if zero
+            else "Fix the reward function, or set nonfinite_rewards='zero' to score such samples 0 (counted in "
+            "reward/nonfinite).",
+        )
+        if not zero:
+            raise ValueError(message)
+        warning, self.warned = (None if self.warned else message), True
+        return rewards_per_func.masked_fill(bad, 0.0), count, warning

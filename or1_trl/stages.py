@@ -15,7 +15,10 @@ micro-step, `gradient_accumulation_steps = mini_batch_size·G / R` and `steps_pe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
+
+from transformers import TrainerCallback
 
 
 @dataclass(frozen=True)
@@ -198,3 +201,50 @@ def set_base_learning_rate(optimizer, scheduler, learning_rate: float) -> None:
         group["initial_lr"] = learning_rate
         group["lr"] = learning_rate * factor(scheduler.last_epoch)
     scheduler._last_lr = [group["lr"] for group in groups]
+
+
+def apply_to_args(args, shape: StageShape) -> None:
+    """Set the stage's shape on TRL's config (what `GRPOTrainer` reads when it builds batches and generates)."""
+    args.max_completion_length = shape.max_completion_length
+    args.num_generations = shape.num_generations
+    args.gradient_accumulation_steps = shape.gradient_accumulation_steps
+    args.steps_per_generation = shape.steps_per_generation
+    args.generation_batch_size = shape.generation_batch_size
+    args.temperature = shape.temperature
+    args.learning_rate = shape.learning_rate
+
+
+def check_fits_vllm(shapes: list[StageShape], limit: int | None) -> None:
+    """Every stage's generation length fits vLLM's max model length `limit` (prompt + completion; `None`: no vLLM)."""
+    for shape in shapes:
+        if limit is not None and shape.max_completion_length >= limit:
+            raise ValueError(
+                f"stages[{shape.index}].max_completion_length={shape.max_completion_length} does not fit the vLLM "
+                f"max model length {limit} (prompt + completion). Start vLLM with a larger --max-model-len."
+            )
+
+
+class StageEnd(TrainerCallback):
+    """Ends `Trainer.train` at the current stage's last step (`current()`, a `StageShape` or `None`), saving a
+    checkpoint the next stage starts from."""
+
+    def __init__(self, current: Callable[[], StageShape | None]):
+        self.current = current
+
+    def on_step_end(self, args, state, control, **kwargs):
+        stage = self.current()
+        if stage is not None and state.global_step >= stage.until_step and state.global_step < args.max_steps:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
+def plan(stages: list[Stage], args, num_processes: int, pool_size: int) -> list[StageShape]:
+    """The stages' shapes (`stage_shapes`), stage 0's set on `args` (`apply_to_args`); a prompt pool of `pool_size`
+    prompts smaller than stage 0's batch is a `ValueError`."""
+    shapes = stage_shapes(stages, args, num_processes)
+    apply_to_args(args, shapes[0])
+    if pool_size < shapes[0].batch_size:
+        raise ValueError(f"train_dataset holds {pool_size} prompts, fewer than stage 0's batch of "
+                         f"{shapes[0].batch_size} prompts per rollout step.")
+    return shapes

@@ -6,6 +6,8 @@ float tolerance: with temperature scaling, the 80/20 mask, padding, LoRA, a comp
 a reference model.
 """
 
+import inspect
+
 import pytest
 import torch
 import trl.trainer.utils as trl_utils
@@ -14,7 +16,7 @@ from trl.kernels import ChunkedLogProbFunction
 from trl.trainer.utils import add_fused_lm_head
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.logprobs import LigerLogProbFunction, liger_lm_head, liger_logps_and_entropy, resolve_logprob_backend
+from or1_trl.logprobs import LigerLogProbFunction, liger_logps_and_entropy, resolve_logprob_backend, use_liger_head
 from or1_trl.rejection import WEIGHT_KEY
 from or1_trl.testing import save_tiny_model, tiny_model, tiny_model_and_tokenizer, tiny_tokenizer, tiny_training_args
 
@@ -97,10 +99,12 @@ def test_stand_in_for_trl_kernel_folds_the_logit_scale_and_refuses_what_liger_la
             LigerLogProbFunction.apply(hidden, weight, bias, labels, 1.0, 32768, softcap, 1.0, outputs)
 
 
-def test_trl_fused_head_runs_liger_inside_the_context_only(tiny):
-    """TRL's patched forward (temperature 0.7, prompt and padding labels -100) computes with Liger inside
-    `liger_lm_head()` and with its own kernel outside; both equal the log-softmax of the model's own logits."""
+def test_liger_head_is_bound_to_one_model_only(tiny):
+    """`use_liger_head` makes one model's TRL fused head (temperature 0.7, prompt and padding labels -100) compute
+    with Liger; a second model patched by TRL in the same process keeps TRL's kernel, and TRL's module globals are
+    never touched. Both equal the log-softmax of the model's own logits; `generate` still sees the model's signature."""
     model, _ = tiny
+    other = tiny_model(seed=0)
     g = torch.Generator().manual_seed(2)
     input_ids = torch.randint(5, model.config.vocab_size, (3, 9), generator=g)
     attention_mask = torch.ones_like(input_ids)
@@ -109,21 +113,37 @@ def test_trl_fused_head_runs_liger_inside_the_context_only(tiny):
     labels = input_ids.masked_fill(attention_mask == 0, -100)
     labels[:, :4] = -100  # the prompt is not scored
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]  # [3, 8, V]
-    add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
+    for m in (model, other):
+        add_fused_lm_head(m, temperature=0.7, outputs=("log_probs", "entropy"))
     scored = labels[:, 1:] != -100  # [3, 8]
     ref_logps, ref_entropy = reference(logits[scored], torch.eye(logits.size(-1)), labels[:, 1:][scored], 0.7)
 
-    with liger_lm_head():
-        assert trl_utils._ChunkedLogProbFunction is LigerLogProbFunction
-        liger = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
-    assert trl_utils._ChunkedLogProbFunction is ChunkedLogProbFunction  # restored
-    trl = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
+    use_liger_head(model)
+    assert trl_utils._ChunkedLogProbFunction is ChunkedLogProbFunction  # nothing process-wide changed
+    liger = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
+    trl = other(input_ids=input_ids, attention_mask=attention_mask, labels=labels, fused_lm_head=True)
     for out, node in ((liger, LIGER_NODE), (trl, TRL_NODE)):
         torch.testing.assert_close(out.log_probs[scored], ref_logps, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(out.entropy[scored], ref_entropy, atol=1e-5, rtol=1e-5)
         assert not out.log_probs[~scored].any() and not out.entropy[~scored].any()
         assert node in autograd_nodes(out.log_probs)
     assert TRL_NODE not in autograd_nodes(liger.log_probs)
+    assert inspect.signature(model.forward) == inspect.signature(other.forward)
+    with pytest.raises(TypeError, match="needs TRL's fused LM head"):
+        use_liger_head(tiny_model(seed=0))
+
+
+def test_two_trainers_in_one_process_keep_their_own_backend(tmp_path):
+    """A Liger trainer and a TRL trainer built in one process: each one's policy pass runs its own kernel."""
+    trainers = {backend: trainer_with(backend, tmp_path) for backend in ("liger", "trl")}
+    g = torch.Generator().manual_seed(4)
+    input_ids = torch.randint(5, 100, (2, 8), generator=g)
+    for backend, node, absent in (("liger", LIGER_NODE, TRL_NODE), ("trl", TRL_NODE, LIGER_NODE)):
+        trainer = trainers[backend]
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, torch.ones_like(input_ids),
+                                                                 4, compute_entropy=True)
+        nodes = autograd_nodes(logps)
+        assert node in nodes and absent not in nodes, backend
 
 
 # ------------------------------------------------------------------------------------------------------------

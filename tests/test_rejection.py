@@ -88,3 +88,57 @@ def test_concat_batches_pads_prompts_left_and_completions_right():
     assert out["advantages"].tolist() == [0.5, -0.5] and out["old_per_token_logps"] is None
     with pytest.raises(ValueError, match="multimodal"):
         concat_batches({**first, "pixel_values": torch.zeros(1, 3)}, {**second, "pixel_values": torch.zeros(1, 3)}, 0)
+
+
+def _rollout(rows, first, t=2):
+    """This rank's part of a rollout batch: `rows` rows, their ids `first, first + 1, ...` in `completion_ids`."""
+    ids = torch.arange(first, first + rows)
+    return {"prompt_ids": ids[:, None], "prompt_mask": torch.ones(rows, 1, dtype=torch.long),
+            "completion_ids": ids[:, None].repeat(1, t), "completion_mask": torch.ones(rows, t, dtype=torch.long),
+            "advantages": ids.float(), "num_items_in_batch": torch.tensor(rows * t)}
+
+
+def test_reject_without_refill_is_outcomes_then_compaction():
+    """2 ranks × 4 rows, G = 2: groups [informative, all 1 | all 0, informative]; rank 1 keeps its second group."""
+    from or1_trl.rejection import reject
+
+    rewards = torch.tensor([0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0])  # [B*G] over both ranks
+    out = reject(_rollout(4, 4), rewards, num_generations=2, mode="compact", rank=1, steps_per_generation=2,
+                 pad_token_id=0)
+    assert out.outcomes.keep.tolist() == [True, False, False, True]
+    assert out.metrics == {"rejection/kept_group_frac": 0.5, "rejection/solve_none_frac": 0.25,
+                           "rejection/solve_all_frac": 0.25}
+    assert out.batch["advantages"].tolist() == [6.0, 7.0] and out.batch[WEIGHT_KEY].tolist() == [1.0, 1.0]
+    masked = reject(_rollout(4, 0), rewards, 2, "mask", rank=0, steps_per_generation=2, pad_token_id=0)
+    assert masked.batch[WEIGHT_KEY].tolist() == [1.0, 1.0, 0.0, 0.0] and len(masked.batch["advantages"]) == 4
+
+
+def test_reject_refills_until_the_batch_is_full():
+    """4 groups, 1 informative; each refill brings 4 groups: the first brings 1 informative, the second 3, of which
+    only the first 2 fill the batch; then no third refill is asked for although 5 rounds are allowed."""
+    from or1_trl.rejection import reject
+
+    G = 2
+    first = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0])  # groups: all 1, informative, all 0, all 1
+    refills = [torch.tensor([0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0]),  # informative: group 2
+               torch.tensor([0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0])]  # informative: groups 0, 1, 3
+    asked = []
+
+    def more():
+        asked.append(len(asked))
+        return _rollout(8, 100 * len(asked)), refills[len(asked) - 1]
+
+    out = reject(_rollout(8, 0), first, G, "compact", rank=0, steps_per_generation=2, pad_token_id=0,
+                 refill_rounds=5, more=more)
+    assert asked == [0, 1]
+    # kept rows: group 1 of the rollout, group 2 of refill 1, groups 0 and 1 of refill 2
+    assert out.batch["advantages"].tolist() == [2.0, 3.0, 104.0, 105.0, 200.0, 201.0, 202.0, 203.0]
+    assert out.batch[WEIGHT_KEY].tolist() == [1.0] * 8
+    assert out.outcomes.keep.tolist() == [False, True, False, False]  # the first rollout's verdicts
+    assert out.metrics["rejection/kept_group_frac"] == 0.25
+    assert (out.metrics["refill/rounds"], out.metrics["refill/generated_rows"], out.metrics["refill/batch_fill"]) == (
+        2.0, 16.0, 1.0)
+    # out of refills: the batch stays part-filled, and says so
+    short = reject(_rollout(8, 0), first, G, "compact", rank=0, steps_per_generation=2, pad_token_id=0,
+                   refill_rounds=1, more=lambda: (_rollout(8, 100), torch.zeros(8)))
+    assert short.metrics["refill/batch_fill"] == 0.25 and short.batch[WEIGHT_KEY].tolist() == [1.0, 1.0]

@@ -8,7 +8,8 @@ import torch
 from datasets import Dataset
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.prompts import Outcome, PromptPool, PromptSampler, PromptStats, StatsLog, batch_outcomes, content_id, prompt_ids
+from or1_trl.prompts import (Outcome, PromptPool, PromptSampler, PromptSchedule, PromptStats, StatsLog, batch_outcomes,
+                             content_id, prompt_ids)
 from or1_trl.stages import parse_stages, stage_index, stage_shape, stage_shapes, validate_stages
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
@@ -134,6 +135,80 @@ def test_stats_log_appends_and_truncates(tmp_path):
     assert lines == [{"step": 1}, {"step": 1}, {"step": 2, "again": True}]
 
 
+def _rows(indices, group, correct, truncated=0, length=5):
+    """`[N, 3]` rows and `[N]` rewards of a rollout: each prompt `group` times, `correct[i]` of them with reward 1."""
+    rows, rewards = [], []
+    for index, hits in zip(indices, correct):
+        rows += [[index, int(k < truncated), length] for k in range(group)]
+        rewards += [1.0] * hits + [0.0] * (group - hits)
+    return rows, rewards
+
+
+def test_prompt_schedule_records_epochs_and_counts_batches(tmp_path):
+    """6 prompts, 2 per rollout batch: 3 batches per pass, so batch k belongs to epoch k // 3; a refill counts in the
+    epoch of the rollout it refills and draws nothing from the data loader's position."""
+    schedule = PromptSchedule([f"p{i}" for i in range(6)], seed=0, log_path=str(tmp_path / "stats.jsonl"))
+    sampler = schedule.new_sampler(stage=0, batch_size=2, num_generations=2, repeat_count=1)
+    epochs = []
+    for k in range(4):
+        rows, rewards = _rows(sampler.batch(k), 2, [2, 1], truncated=1)
+        epochs.append({r["epoch"] for r in schedule.record(0, k + 1, rows, rewards, prompts_per_batch=2)})
+        if k == 2:  # a refill of batch 2 (the third, epoch 0): no position advance
+            refill = schedule.record(0, k + 1, *_rows([5], 2, [0]), prompts_per_batch=2, refill=True)
+            assert [r["epoch"] for r in refill] == [0] and schedule.position["consumed"] == 3
+    assert epochs == [{0}, {0}, {0}, {1}]
+    assert schedule.position["consumed"] == 4 and sampler.consumed == 4  # the sampler follows the position
+    first = sampler.batch(0)
+    assert schedule.stats.stage(0)[f"p{first[0]}"].correct >= 2 and schedule.stats.stage(0)[f"p{first[1]}"].samples >= 2
+    records = [json.loads(line) for line in open(tmp_path / "stats.jsonl")]
+    assert len(records) == 4 * 2 + 1
+    assert records[0] == {"prompt_id": f"p{first[0]}", "stage": 0, "epoch": 0, "step": 1, "samples": 2, "correct": 2,
+                          "truncated": 1, "mean_length": 5.0}
+    quiet = PromptSchedule(["a", "b"], seed=0, log_path=str(tmp_path / "other.jsonl"))
+    quiet.record(0, 1, *_rows([0], 2, [1]), prompts_per_batch=1, write_log=False)  # not the main process
+    assert not os.path.exists(tmp_path / "other.jsonl") and quiet.stats.stage(0)["a"].samples == 2
+
+
+def test_prompt_schedule_stage_entry_filters_and_refuses_an_empty_pool(tmp_path):
+    """Stage entry applies the online filter (and says so), restarts the position; a pool below one batch is the
+    error naming both reasons' counts."""
+    ids = ["solved", "mixed", "never", "also"]
+    schedule = PromptSchedule(ids, seed=0, log_path=str(tmp_path / "s.jsonl"))
+    schedule.record(0, 1, *_rows([0, 1, 2, 3], 4, [4, 2, 0, 1]), prompts_per_batch=4)
+    messages = []
+    schedule.enter_stage(1, start_step=3, batch_size=2, threshold=1.0, unsolved_after=4, warn=messages.append)
+    assert schedule.pool.active == [1, 3] and schedule.position == {"stage": 1, "consumed": 0, "refill": 0}
+    assert messages == ["Stage 1 starts at step 3: the online filter removed 1 solved and 1 never-solved prompts; "
+                        "pool: 2 rows."]
+    schedule.enter_stage(1, start_step=3, batch_size=2, threshold=1.0, unsolved_after=4, warn=messages.append)
+    assert len(messages) == 1  # already in stage 1: nothing happens
+    schedule.record(1, 4, *_rows([1, 3], 2, [2, 2]), prompts_per_batch=2)
+    with pytest.raises(ValueError, match=r"Stage 2: the online filter left 0 prompts in the pool, fewer than one batch "
+                                         r"of 2 — 2 left for accuracy >= online_filter_threshold=1.0 in stage 1, 0 for"):
+        schedule.enter_stage(2, start_step=6, batch_size=2, threshold=1.0, unsolved_after=4)
+
+
+def test_prompt_schedule_refill_stream_and_state_round_trip(tmp_path):
+    """Refill batches come from their own stream (seed + 1, each prompt G times), resumed from a saved state; the
+    state restores pool, position and statistics and truncates the log back to the checkpoint."""
+    ids = [f"p{i}" for i in range(8)]
+    schedule = PromptSchedule(ids, seed=3, log_path=str(tmp_path / "s.jsonl"))
+    stream = PromptSampler(list(range(8)), 2, 3, 1, seed=4)
+    first = schedule.refill_rows(stage=0, num_groups=2, num_generations=3)
+    assert first == [i for i in stream.batch(0) for _ in range(3)] and schedule.position["refill"] == 1
+    schedule.record(0, 1, *_rows(stream.batch(0), 3, [1, 3]), prompts_per_batch=2)
+    state = json.loads(json.dumps(schedule.state()))  # as checkpoint files hold it
+    assert set(state) == set(PromptSchedule.STATE_FILES)
+    schedule.record(0, 2, *_rows([5], 3, [0]), prompts_per_batch=2)  # logged after the checkpoint
+    second = schedule.refill_rows(stage=0, num_groups=2, num_generations=3)
+
+    resumed = PromptSchedule(ids, seed=3, log_path=str(tmp_path / "s.jsonl"))
+    resumed.load_state(state)
+    assert resumed.refill_rows(stage=0, num_groups=2, num_generations=3) == second
+    assert resumed.position["consumed"] == 1 and resumed.stats.state_dict() == state[PromptSchedule.STATE_FILES[1]]
+    assert [json.loads(line)["step"] for line in open(tmp_path / "s.jsonl")] == [1, 1]  # step 2 dropped
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Through the trainer
 # ------------------------------------------------------------------------------------------------------------
@@ -189,7 +264,7 @@ def test_two_stages_in_one_train_call(two_stage_run):
 def test_online_filter_pool_matches_hand_computation(two_stage_run):
     trainer, output_dir = two_stage_run
     records = stats_records(output_dir)
-    ids = trainer._prompt_ids
+    ids = trainer.prompt_schedule.ids
     first = {}
     for r in (r for r in records if r["stage"] == 0):
         total = first.setdefault(r["prompt_id"], [0, 0])
@@ -230,6 +305,47 @@ def test_kill_in_stage_two_and_resume_matches_uninterrupted(tmp_path, monkeypatc
     assert stats_records(tmp_path) == stats_records(full_dir)
     for (name, p), (_, q) in zip(resumed.model.named_parameters(), full.model.named_parameters()):
         torch.testing.assert_close(p, q, atol=1e-7, rtol=1e-6, msg=name)
+
+
+def test_two_trainers_in_one_process_keep_their_patches_to_themselves(tmp_path):
+    """Every process-wide change the trainer makes is scoped to one trainer (or one call): while trainer A runs its
+    two stages (a stage end replaces A's `callback_handler.on_train_end`, `_save_checkpoint` holds A's
+    `save_total_limit` back), trainer B, built beside it, keeps its own handler, args and accelerator, and TRL's
+    module names are TRL's; A's handler and args are restored when it returns; then B trains and ends as usual."""
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import CallbackHandler
+    from trl.generation.vllm_generation import VLLMGeneration
+    from trl.kernels import ChunkedLogProbFunction
+    from trl.trainer import grpo_trainer
+    from trl.trainer import utils as trl_utils
+
+    a = two_stage_trainer(tmp_path / "a", save_total_limit=1)
+    b = two_stage_trainer(tmp_path / "b", stages=None, max_steps=1)
+    seen = []
+
+    def handlers(trainer):  # is the trainer's `on_train_end` the class's own?
+        return getattr(trainer.callback_handler.on_train_end, "__func__", None) is CallbackHandler.on_train_end
+
+    class Observe(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            seen.append({
+                "a_handler_swapped": not handlers(a),
+                "b_handler": handlers(b),
+                "b_args": b.args.save_total_limit is None and b.args is not a.args,
+                "b_gather": "gather" not in vars(b.accelerator) and "gather" not in vars(a.accelerator),
+                "trl_names": grpo_trainer.VLLMGeneration is VLLMGeneration
+                and trl_utils._ChunkedLogProbFunction is ChunkedLogProbFunction,
+            })
+
+    a.add_callback(Observe())
+    a.train()
+    assert len(seen) == 6 and all(step["b_handler"] and step["b_args"] and step["b_gather"] and step["trl_names"]
+                                  for step in seen)
+    assert [step["a_handler_swapped"] for step in seen] == [True] * 3 + [False] * 3  # only the non-final stage
+    assert handlers(a) and a.args.save_total_limit == 1
+    assert [d for d in os.listdir(tmp_path / "a") if d.startswith("checkpoint-")] == ["checkpoint-3"]  # stage end
+    b.train()
+    assert b.state.global_step == 1 and os.path.exists(tmp_path / "b" / "trainer_state.json")
 
 
 def test_empty_pool_after_the_filter_is_a_clear_error(tmp_path):

@@ -34,7 +34,7 @@ def main(output_dir):
             {
                 "pool": trainer.prompt_pool.state_dict(),
                 "stats": trainer.prompt_stats.state_dict(),
-                "sampler": trainer._sampler_position,
+                "sampler": trainer.prompt_schedule.position,
                 "steps": trainer.state.global_step,
                 "stage_log": [e["stage"] for e in trainer.state.log_history if "stage" in e],
                 "weights_sum": final.double().sum().item(),
