@@ -118,7 +118,8 @@ CONTRACT: list[Use] = [
     Use(GRPO, "_buffered_inputs", ATTRIBUTE, None, "trainer.py drops TRL's buffered rollout at a stage start"),
     Use(GRPO, "_last_world_entropy", ATTRIBUTE, None,
         "trainer.py shadows it with a property: TRL's controller state is OR1's (saved by TRL's checkpointing)"),
-    Use(GRPO, "entropy_coef", ATTRIBUTE, None, "trainer.py shadows it with a property (the controller's c)"),
+    Use(GRPO, "entropy_coef", ATTRIBUTE, None, "trainer.py shadows it with a class-level property (the controller's c)",
+        scanned=False),
     Use(GRPO, "_entropy_bonus_enabled", ATTRIBUTE, None,
         "trainer.py switches TRL's own entropy bonus off inside _compute_loss (OR1 adds α·H itself)"),
     Use(GRPO, "_tokenizer", ATTRIBUTE, None, "trainer.py reads the pad token id (truncation rule, batch concat)"),
@@ -157,9 +158,11 @@ CONTRACT: list[Use] = [
     Use("trl.trainer.utils", "is_async_callable", GLOBAL, "func",
         "reward_checks.py: an async reward gets an async recorder (TRL awaits it)"),
     Use("trl.trainer.utils", "_ChunkedLogProbFunction", GLOBAL, None,
-        "logprobs.py swaps it for LigerLogProbFunction inside liger_lm_head() (same apply(...) outputs)"),
+        "logprobs.use_liger_head rebinds this name, looked up by TRL's fused-head forward, to LigerLogProbFunction "
+        "in one model's copy of that forward (same apply(...) outputs)", scanned=False),
     Use("trl.trainer.utils", "_use_triton", GLOBAL, "device",
-        "logprobs.py swaps it inside liger_lm_head(): score only the valid positions"),
+        "logprobs.use_liger_head rebinds this name in one model's copy of TRL's forward: score only the valid "
+        "positions", scanned=False),
     Use("trl.trainer.grpo_trainer", "VLLMGeneration", GLOBAL, None,
         "weight_sync.generation_backend swaps it during GRPOTrainer.__init__ for OR1VLLMGeneration"),
     Use("trl.generation.vllm_generation", "VLLMClient", GLOBAL, None,
