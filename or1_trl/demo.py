@@ -186,3 +186,15 @@ def summary_line(rewards: list[float], window: int = 5) -> str:
     first = sum(rewards[:window]) / len(rewards[:window])
     last = sum(rewards[-window:]) / len(rewards[-window:])
     return f"OR1 demo: reward {first:.3f} -> {last:.3f}"
+
+
+def demo(output_dir: str = "outputs/or1-demo", seed: int = 0, max_steps: int = 150, sft_steps: int = 60) -> list[float]:
+    """`or1-trl demo`: `run_demo`, then (main process, once per run) where the outputs are and
+    `OR1 demo: reward A -> B`. Returns the per-step mean rewards."""
+    from accelerate import PartialState
+
+    rewards = run_demo(output_dir, sft_steps=sft_steps, seed=seed, max_steps=max_steps)
+    if PartialState().is_main_process:  # one line each per run, not one per rank
+        print(outputs_line(output_dir), flush=True)
+        print(summary_line(rewards), flush=True)
+    return rewards
