@@ -40,47 +40,51 @@ from dataclasses import dataclass
 from .. import __version__
 from ..paths import model_path_problem
 from ..run import TRL_REWARD_NAMES, resolve_reward_funcs
-from .demo import DemoArguments, demo
-from .difficulty import DifficultyArguments, difficulty
-from .evaluate import EVAL_PRESETS, EvalArguments, evaluate_command
-from .parsing import DEBUG_ENV, ShortUsageErrors, input_errors, short_usage
-from .plot import PlotArguments, plot
-from .prepare import PrepareArguments, prepare
-from .select_examples import SelectExamplesArguments, select_examples
-from .serve import ServeArguments, serve
+from .demo import DemoArguments, demo, demo_parser
+from .difficulty import DifficultyArguments, difficulty, difficulty_parser
+from .evaluate import EVAL_PRESETS, EvalArguments, eval_parser, evaluate_command
+from .parsing import DEBUG_ENV, ShortUsageErrors, input_errors, parse_command, short_usage
+from .plot import PlotArguments, plot, plot_parser
+from .prepare import PrepareArguments, prepare, prepare_parser
+from .select_examples import SelectExamplesArguments, select_examples, select_examples_parser
+from .serve import ServeArguments, serve, serve_parser
 from .train import ScriptArguments, train, train_parser
 
 __all__ = [
     "COMMANDS", "DEBUG_ENV", "EVAL_PRESETS", "TRL_REWARD_NAMES", "Command", "DemoArguments", "DifficultyArguments",
     "EvalArguments", "PlotArguments", "PrepareArguments", "ScriptArguments", "SelectExamplesArguments",
     "ServeArguments", "ShortUsageErrors", "build_parser", "demo", "difficulty", "evaluate_command", "input_errors",
-    "main", "model_path_problem", "plot", "prepare", "resolve_reward_funcs", "select_examples", "serve",
+    "main", "model_path_problem", "parse_command", "plot", "prepare", "resolve_reward_funcs", "select_examples", "serve",
     "short_usage", "train", "train_parser",
 ]
 
 
 @dataclass(frozen=True)
 class Command:
-    """A sub-command: `run(argv)` gets the arguments after the command's name and parses them itself."""
+    """A sub-command: `run(argv)` gets the arguments after the command's name and parses them itself, with
+    `parser()` (a `TrlParser` of the command's arguments dataclass)."""
 
     name: str
     help: str
     run: Callable[[list[str]], object]
+    parser: Callable[[], argparse.ArgumentParser]
 
 
 COMMANDS: list[Command] = [
-    Command("train", "train with the MAGIC recipe (TRL's flags, --config recipe.yaml)", train),
-    Command("demo", "the offline demo: a tiny model learns small additions on CPU (about a minute)", demo),
-    Command("serve", "start a vLLM server to generate on (vllm_mode='server'; weight sync nccl or disk)", serve),
+    Command("train", "train with the MAGIC recipe (TRL's flags, --config recipe.yaml)", train, train_parser),
+    Command("demo", "the offline demo: a tiny model learns small additions on CPU (about a minute)", demo, demo_parser),
+    Command("serve", "start a vLLM server to generate on (vllm_mode='server'; weight sync nccl or disk)", serve,
+            serve_parser),
     Command("prepare", "prepare training data: de-duplicate, drop figures/URLs, decontaminate, re-verify (§6.1)",
-            prepare),
+            prepare, prepare_parser),
     Command("difficulty", "offline difficulty: N samples per prompt, count the correct ones, keep 1..N-1 (§6.2)",
-            difficulty),
+            difficulty, difficulty_parser),
     Command("select-examples", "1-shot RLVR: rank prompts by historical variance, write the top ones replicated",
-            select_examples),
+            select_examples, select_examples_parser),
     Command("eval", "avg@n / pass@k / maj@n with bootstrap intervals on AIME24/25, MATH-500 or a local file",
-            evaluate_command),
-    Command("plot", "PNG figures of a run: entropy vs target, accuracy and truncation, time split, prompt pool", plot),
+            evaluate_command, eval_parser),
+    Command("plot", "PNG figures of a run: entropy vs target, accuracy and truncation, time split, prompt pool", plot,
+            plot_parser),
 ]
 
 

@@ -24,15 +24,19 @@ class PlotArguments:
         check_at_least_one(self, "smooth")
 
 
-def plot(argv: list[str] | None = None, prog: str | None = "or1-trl plot") -> None:
-    """PNG figures of a run's curves (`or1_trl/plot.py`), from the trainer_state.json it wrote."""
-    from ..plot import plot_run
-
-    parser = command_parser(
+def plot_parser(prog: str | None = "or1-trl plot"):
+    return command_parser(
         PlotArguments, prog,
         "Plot a training run: entropy vs its target with stage boundaries, training accuracy (all and non-truncated) "
         "and truncation ratio, the step's time split per stage, the prompt pool. Reads the newest trainer_state.json "
         "in OUTPUT_DIR or its checkpoint-N folders; writes PNG files.")
+
+
+def plot(argv: list[str] | None = None, prog: str | None = "or1-trl plot") -> None:
+    """PNG figures of a run's curves (`or1_trl/plot.py`), from the trainer_state.json it wrote."""
+    from ..plot import plot_run
+
+    parser = plot_parser(prog)
     (args,) = parse_command(parser, list(sys.argv[1:] if argv is None else argv))
     with input_errors(parser):  # no trainer_state.json, nothing to plot
         written, skipped = plot_run(args.output_dir, args.out, args.smooth)

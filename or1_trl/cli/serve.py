@@ -43,15 +43,19 @@ class ServeArguments:
             raise ValueError(f"--weight-sync must be one of {WEIGHT_SYNC_BACKENDS}, got {self.weight_sync!r}")
 
 
+def serve_parser(prog: str | None = "or1-trl serve"):
+    return command_parser(
+        ServeArguments, prog,
+        "Start vLLM's OpenAI-compatible server for OR1Trainer's vllm_mode='server'. Arguments not listed here go to "
+        "vLLM unchanged (e.g. --dtype float32 --max-model-len 16384 --tensor-parallel-size 2); MODEL comes first.")
+
+
 def serve(argv: list[str] | None = None, prog: str | None = "or1-trl serve") -> None:
     """A vLLM server for `vllm_mode="server"` with the flags the weight sync needs (`or1_trl/serve.py`)."""
     from ..serve import build_command
     from ..serve import serve as run
 
-    parser = command_parser(
-        ServeArguments, prog,
-        "Start vLLM's OpenAI-compatible server for OR1Trainer's vllm_mode='server'. Arguments not listed here go to "
-        "vLLM unchanged (e.g. --dtype float32 --max-model-len 16384 --tensor-parallel-size 2); MODEL comes first.")
+    parser = serve_parser(prog)
     args, vllm_args = parse_command(parser, list(sys.argv[1:] if argv is None else argv), vllm_args=True)
     with input_errors(parser):  # no key for a non-loopback address
         command, env = build_command(args.model, args.weight_sync, args.host, args.port, args.python, vllm_args,
