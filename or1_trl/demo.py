@@ -10,9 +10,9 @@ earlier demo left there is replaced (`OR1Config.overwrite_output_dir`), unlike `
 output directory holding a previous run. A directory holding a run that is not the demo's is refused
 (`check_demo_dir`).
 
-`run_demo()` saves the trained model and tokenizer in `output_dir` and returns the per-step rewards; `or1-trl demo`
-(`or1_trl/cli.py`) prints where the outputs are (`outputs_line`) and `OR1 demo: reward A -> B` (first 5 / last 5
-steps), on the main process only. The SFT warm-up prints its loss four times (`SFTProgress`).
+`run_demo()` saves the trained model and tokenizer in `output_dir` and returns the per-step rewards; `demo()` (what
+`or1-trl demo` calls) runs it and prints where the outputs are (`outputs_line`) and `OR1 demo: reward A -> B` (first
+5 / last 5 steps), on the main process only. The SFT warm-up prints its loss four times (`SFTProgress`).
 """
 
 from __future__ import annotations

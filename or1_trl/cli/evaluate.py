@@ -49,7 +49,8 @@ class EvalArguments(BackendArguments):
     confidence: float = field(default=0.95, metadata={"help": "Interval level."})
 
     def __post_init__(self):
-        from ..evaluation import benchmark_name, check_benchmark_spec, check_ks, default_ks, default_output_dir
+        from ..evaluation import benchmark_name, check_benchmark_spec, check_ks, default_ks
+        from ..model_card import eval_output_dir
         from ..sampling import SampleStore, SamplingSettings
 
         # Everything that can be wrong with the arguments fails here, before a model loads or a token is generated.
@@ -66,7 +67,7 @@ class EvalArguments(BackendArguments):
         if len(set(self.names)) != len(self.names):
             raise ValueError(f"two benchmarks share a name ({self.names}); their sample files would collide")
         self.check_backend()
-        self.output_dir = self.output_dir or default_output_dir(self.model)
+        self.output_dir = self.output_dir or eval_output_dir(self.model)
         check_output_dir(self.output_dir)
         for name in self.names:  # samples of earlier runs must have been taken with these settings
             samples = os.path.join(self.output_dir, f"{name}.jsonl")
@@ -84,7 +85,8 @@ def eval_parser(prog: str | None = "or1-trl eval"):
 
 def evaluate_command(argv: list[str] | None = None, prog: str | None = "or1-trl eval") -> dict:
     """`or1-trl eval`: sample, score with math_reward, summarize with intervals; prints the table."""
-    from ..evaluation import evaluate, load_problems, report_to_model_card, summary_markdown
+    from ..evaluation import evaluate, load_problems, summary_markdown
+    from ..model_card import report_to_model_card
 
     parser = eval_parser(prog)
     (args,) = parse_command(parser, list(sys.argv[1:] if argv is None else argv))
