@@ -350,3 +350,18 @@ def test_tiny_two_stage_recipe_runs_offline_with_its_own_model_and_data(tmp_path
     pool = json.loads((out / "checkpoint-30" / "or1_prompts.json").read_text())["pool"]
     assert set(pool["removed"]) == removed
     assert steps[-1]["pool/size"] < steps[0]["pool/size"] == 2000
+
+
+def test_one_weight_sync_default_for_the_trainer_and_serve(monkeypatch, tmp_path):
+    """`serve.default_weight_sync` decides both `OR1Config.vllm_weight_sync` and `or1-trl serve --weight-sync`:
+    nccl only where CUDA is available and the trainer does not set use_cpu."""
+    import torch
+
+    from or1_trl.cli import ServeArguments
+    from or1_trl.serve import default_weight_sync
+
+    assert OR1Config(output_dir=str(tmp_path), use_cpu=True).vllm_weight_sync == "disk" == default_weight_sync(True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the rule's CUDA branch, on this CPU machine
+    assert (default_weight_sync(), default_weight_sync(use_cpu=True)) == ("nccl", "disk")
+    assert ServeArguments(model=str(tmp_path)).weight_sync == "nccl"
+    assert ServeArguments(model=str(tmp_path), weight_sync="disk").weight_sync == "disk"
