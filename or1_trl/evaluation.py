@@ -374,4 +374,3 @@ def evaluate(backend, benchmarks: Mapping[str, Sequence[Problem]], settings, out
         f.write(table)
     os.replace(tmp, os.path.join(output_dir, SUMMARY_MD))
     return summary
-
