@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 
 from ..evaluation import BENCHMARKS, DEFAULT_PROMPT_TEMPLATE
-from .parsing import BackendArguments, check_output_dir, command_parser, input_errors, parse_command
+from .parsing import BackendArguments, check_at_least_one, check_output_dir, command_parser, input_errors, parse_command
 
 #: `--preset`: (temperature, top_p). The paper's (§8.1) is the default; open-r1's is offered, not preferred.
 EVAL_PRESETS = {"paper": (1.0, 1.0), "open-r1": (0.6, 0.95)}
@@ -61,8 +61,9 @@ class EvalArguments(BackendArguments):
         check_ks(self.k or default_ks(self.n), self.n)
         for spec in self.benchmarks:
             check_benchmark_spec(spec)
-        if not 0 < self.confidence < 1 or self.resamples < 1 or self.batch_size < 1 or (self.limit is not None and self.limit < 1):
-            raise ValueError("--confidence must be in (0, 1); --resamples, --batch_size and --limit must be at least 1")
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"--confidence must be in (0, 1), got {self.confidence}")
+        check_at_least_one(self, "resamples", "limit")
         self.names = [benchmark_name(spec) for spec in self.benchmarks]
         if len(set(self.names)) != len(self.names):
             raise ValueError(f"two benchmarks share a name ({self.names}); their sample files would collide")
