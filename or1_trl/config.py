@@ -15,6 +15,7 @@ from .entropy import ENTROPY_PRESETS
 from .logprobs import LOGPROB_BACKENDS, liger_available
 from .loss import TOKEN_SUM_LOSSES
 from .paths import output_dir_problem
+from .serve import WEIGHT_SYNC_BACKENDS, default_weight_sync
 from .stages import Stage, parse_stages, validate_stages
 
 logger = logging.get_logger(__name__)
@@ -22,7 +23,7 @@ logger = logging.get_logger(__name__)
 REJECTION_MODES = ("compact", "mask", "off")
 ENTROPY_ESTIMATORS = ("full", "sampled")
 TOP_ENTROPY_NORMALIZATIONS = ("all", "selected")
-VLLM_WEIGHT_SYNC = ("nccl", "disk")
+VLLM_WEIGHT_SYNC = WEIGHT_SYNC_BACKENDS
 NONFINITE_REWARD_MODES = ("error", "zero")
 # New OR1Config fields, and the value that behaves as TRL's GRPOTrainer does.
 _TRL_BEHAVIOUR = {
@@ -109,8 +110,8 @@ class OR1Config(GRPOConfig):
             With `use_vllm=True, vllm_mode="server"`: how the policy's weights reach the server before each
             generation. `"nccl"`: TRL's NCCL weight transfer (CUDA trainer and CUDA vLLM, reachable over NCCL).
             `"disk"`: the main process writes safetensors to `vllm_sync_dir`, the server reloads them
-            (`or1-trl serve --weight-sync disk`); works on any device and network. `None`: `"nccl"` on CUDA,
-            `"disk"` otherwise.
+            (`or1-trl serve --weight-sync disk`); works on any device and network. `None`: `"nccl"` on CUDA without
+            `use_cpu`, `"disk"` otherwise (`serve.default_weight_sync`, the rule `or1-trl serve` uses too).
         vllm_sync_dir (`str` or `None`, *optional*, defaults to `None`):
             Directory both the trainer and the server can read, for `vllm_weight_sync="disk"` (a shared filesystem
             when they run on different nodes). `None`: `<output_dir>/_vllm_sync` (transformers' `push_to_hub` skips
@@ -278,8 +279,8 @@ class OR1Config(GRPOConfig):
         metadata={
             "help": "vLLM server mode: how weights reach the server. 'nccl' (TRL's, CUDA), 'disk' (safetensors in "
             "vllm_sync_dir, reloaded by a server started with `or1-trl serve --weight-sync disk`; any device). "
-            "Default: nccl on CUDA, disk otherwise.",
-            "choices": ["nccl", "disk"],
+            "Default: nccl on CUDA without use_cpu, disk otherwise.",
+            "choices": list(WEIGHT_SYNC_BACKENDS),
         },
     )
     vllm_sync_dir: str | None = field(
@@ -365,10 +366,7 @@ class OR1Config(GRPOConfig):
 
     def _apply_weight_sync(self):
         if self.vllm_weight_sync is None:
-            import torch
-
-            cuda = torch.cuda.is_available() and not self.use_cpu
-            self.vllm_weight_sync = "nccl" if cuda else "disk"
+            self.vllm_weight_sync = default_weight_sync(self.use_cpu)
         if self.vllm_weight_sync not in VLLM_WEIGHT_SYNC:
             raise ValueError(f"vllm_weight_sync={self.vllm_weight_sync!r} is not one of {list(VLLM_WEIGHT_SYNC)}.")
         if self.vllm_sync_dir is None:

@@ -10,9 +10,9 @@ earlier demo left there is replaced (`OR1Config.overwrite_output_dir`), unlike `
 output directory holding a previous run. A directory holding a run that is not the demo's is refused
 (`check_demo_dir`).
 
-`run_demo()` saves the trained model and tokenizer in `output_dir` and returns the per-step rewards; `or1-trl demo`
-(`or1_trl/cli.py`) prints where the outputs are (`outputs_line`) and `OR1 demo: reward A -> B` (first 5 / last 5
-steps), on the main process only. The SFT warm-up prints its loss four times (`SFTProgress`).
+`run_demo()` saves the trained model and tokenizer in `output_dir` and returns the per-step rewards; `demo()` (what
+`or1-trl demo` calls) runs it and prints where the outputs are (`outputs_line`) and `OR1 demo: reward A -> B` (first
+5 / last 5 steps), on the main process only. The SFT warm-up prints its loss four times (`SFTProgress`).
 """
 
 from __future__ import annotations
@@ -186,3 +186,15 @@ def summary_line(rewards: list[float], window: int = 5) -> str:
     first = sum(rewards[:window]) / len(rewards[:window])
     last = sum(rewards[-window:]) / len(rewards[-window:])
     return f"OR1 demo: reward {first:.3f} -> {last:.3f}"
+
+
+def demo(output_dir: str = "outputs/or1-demo", seed: int = 0, max_steps: int = 150, sft_steps: int = 60) -> list[float]:
+    """`or1-trl demo`: `run_demo`, then (main process, once per run) where the outputs are and
+    `OR1 demo: reward A -> B`. Returns the per-step mean rewards."""
+    from accelerate import PartialState
+
+    rewards = run_demo(output_dir, sft_steps=sft_steps, seed=seed, max_steps=max_steps)
+    if PartialState().is_main_process:  # one line each per run, not one per rank
+        print(outputs_line(output_dir), flush=True)
+        print(summary_line(rewards), flush=True)
+    return rewards

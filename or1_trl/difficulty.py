@@ -56,6 +56,15 @@ class DifficultyResult:
         return "\n".join([f"{self.model_key}: correct samples per prompt", *lines,
                           f"  kept {kept} of {len(self.counts)} prompts"])
 
+    def write(self, output_dir: str, split: str, keep_all: bool = False) -> tuple[int, str]:
+        """Write the kept rows (every row with `keep_all`) with their counts as
+        `<output_dir>/data/<split>-00000-of-00001.parquet` (`or1-trl train --dataset_name OUTPUT_DIR` reads it).
+        Returns `(rows written, path)`."""
+        from .data import save_split
+
+        out = self.dataset if keep_all else self.dataset.select(self.kept_rows())
+        return len(out), save_split(out, output_dir, split)
+
 
 def with_counts(dataset, model_key: str, counts: list[int | None]):
     """`dataset` with `extra_info.model_difficulty[model_key] = counts[row]` (other fields and models kept)."""

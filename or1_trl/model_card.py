@@ -214,3 +214,24 @@ def update_eval_block(card_path: str, summary: Mapping) -> bool:
         f.write(updated)
     os.replace(tmp, card_path)
     return True
+
+
+def eval_output_dir(model: str | None) -> str:
+    """Where `or1-trl eval` writes without `--output_dir`: `MODEL/eval` for a local model (its card shows the
+    results, `report_to_model_card`), else `outputs/eval/<model>`. `ValueError` without a model (a server's)."""
+    if model is None:
+        raise ValueError("--output_dir is needed with --server_url and no --model")
+    if os.path.isdir(os.path.expanduser(model)):
+        return os.path.join(os.path.expanduser(model), EVAL_SUBDIR)
+    return os.path.join("outputs", "eval", model.replace("/", "__"))
+
+
+def report_to_model_card(model: str | None, output_dir: str, summary: Mapping) -> str | None:
+    """When the results went to a local model's default `MODEL/eval`, update the evaluation section of its
+    `README.md` (a card `OR1Trainer` wrote; `model_card.update_eval_block`). Returns the card's path if updated."""
+    if model is None or not os.path.isdir(model):
+        return None
+    if os.path.abspath(output_dir) != os.path.abspath(os.path.join(model, EVAL_SUBDIR)):
+        return None
+    card = os.path.join(model, "README.md")
+    return card if update_eval_block(card, summary) else None

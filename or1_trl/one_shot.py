@@ -122,3 +122,17 @@ def ranking_table(ranking: list[RankedPrompt], limit: int, texts: dict[str, str]
     if len(ranking) > limit:
         lines.append(f"… {len(ranking) - limit} more prompts")
     return "\n".join(lines)
+
+
+def write_selection(selected, chosen: list[RankedPrompt], output_dir: str, source: dict) -> str:
+    """Write the replicated prompts as `<output_dir>/data/train-00000-of-00001.parquet` (`or1-trl train
+    --dataset_name OUTPUT_DIR` reads it) and `<output_dir>/selection.json`: `source` (where the ranking and the
+    prompts came from) and the chosen prompts with their rank, score and accuracies. Returns the dataset's path."""
+    from .files import write_json_atomic
+    from .data import save_split
+
+    path = save_split(selected, output_dir, "train")
+    write_json_atomic(os.path.join(output_dir, "selection.json"), {
+        **source, "chosen": [{"rank": i + 1, "prompt_id": r.prompt_id, "score": r.score, "accuracies": r.accuracies}
+                             for i, r in enumerate(chosen)]})
+    return path

@@ -1,4 +1,5 @@
-"""Checks of the paths a user gives, made before anything loads (importing this loads nothing heavy)."""
+"""Checks of the paths a user gives, made before anything loads (importing this loads nothing heavy): an output
+directory (`output_dir_problem`) and a model (`model_path_problem`, `local_model_path`)."""
 
 from __future__ import annotations
 
@@ -22,4 +23,45 @@ def output_dir_problem(output_dir: str) -> str | None:
     except OSError as exc:
         where = "is" if existing == path else f"cannot be created: {existing!r} is"
         return f"output_dir {output_dir!r} {where} not writable ({exc.strerror}); pass a directory you can write to"
+    return None
+
+
+def local_model_path(name: str) -> str:
+    """`name` with `~` expanded when that names an existing directory (a local model), else `name` unchanged (a Hub
+    id, which `~` cannot start)."""
+    path = os.path.expanduser(name)
+    return path if os.path.isdir(path) else name
+
+
+def model_path_problem(name: str, flag: str = "--model_name_or_path") -> str | None:
+    """Why `name` can be neither a local model directory nor a Hugging Face Hub id, or `None` if it can be one.
+
+    Checked before anything is loaded, so that a mistyped path says so instead of failing later with the Hub's
+    "Repo id must be in the form ..." (or a network error). A name that looks like a filesystem path (absolute,
+    `./`, `../`, `~`, more than one separator) must exist; anything else must be a valid Hub id. `flag` names the
+    argument in the message."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    path = os.path.expanduser(name)
+    if os.path.isdir(path):
+        return None
+    if os.path.exists(path):
+        return f"model path {name!r} is a file; pass the model's directory (the one with config.json)"
+    separators = [os.sep] + ([os.altsep] if os.altsep else [])
+    looks_like_path = (
+        name.startswith(("~", "./", "../", ".\\", "..\\"))
+        or os.path.isabs(name)
+        or name in (".", "..")
+        or sum(name.count(s) for s in separators) > 1
+        or name.endswith(tuple(separators))
+    )
+    if looks_like_path:
+        return (
+            f"model path {name!r} does not exist (resolved to {os.path.abspath(path)!r}); pass an existing local "
+            "model directory or a Hub id such as 'Qwen/Qwen2.5-0.5B-Instruct'"
+        )
+    try:
+        validate_repo_id(name)
+    except HFValidationError as exc:
+        return f"{flag} {name!r} is neither an existing local directory nor a valid Hub id ({exc})"
     return None

@@ -299,12 +299,22 @@ class ServerBackend:
         self.requests = 0  # generation requests answered so far (what a resumed run saved)
 
     def _session(self):
+        """This thread's `requests.Session`: keyed (`authorize`), and retrying a POST on connection errors and 5xx
+        answers `retries` times with exponential backoff (urllib3's `Retry`); 4xx answers are not retried."""
         import requests
+        from requests.adapters import HTTPAdapter
+        from urllib3.util import Retry
 
         from .serve import authorize
 
         if not hasattr(self._local, "session"):
-            self._local.session = authorize(requests.Session(), self._api_key)
+            session = authorize(requests.Session(), self._api_key)
+            retry = Retry(total=self.retries, connect=self.retries, status=self.retries, read=0, other=0,
+                          backoff_factor=1.0, status_forcelist=(500, 502, 503, 504), allowed_methods={"POST"},
+                          raise_on_status=False)  # the last 5xx answer comes back: `_post` raises with its text
+            session.mount("http://", HTTPAdapter(max_retries=retry))
+            session.mount("https://", HTTPAdapter(max_retries=retry))
+            self._local.session = session
         return self._local.session
 
     def served_model(self) -> str:
@@ -345,23 +355,10 @@ class ServerBackend:
         return "/v1/chat/completions", body
 
     def _post(self, endpoint: str, body: dict) -> dict:
-        import requests
-
-        for attempt in range(self.retries + 1):
-            try:
-                response = self._session().post(f"{self.base_url}{endpoint}", json=body, timeout=self.timeout)
-            except requests.ConnectionError:
-                if attempt == self.retries:
-                    raise
-            else:
-                if response.status_code < 500 or attempt == self.retries:
-                    if response.status_code >= 400:
-                        raise RuntimeError(
-                            f"{self.base_url}{endpoint} answered {response.status_code}: {response.text[:1000]}"
-                        )
-                    return response.json()
-            time.sleep(2**attempt)
-        raise AssertionError("unreachable")
+        response = self._session().post(f"{self.base_url}{endpoint}", json=body, timeout=self.timeout)
+        if response.status_code >= 400:
+            raise RuntimeError(f"{self.base_url}{endpoint} answered {response.status_code}: {response.text[:1000]}")
+        return response.json()
 
     def parse_choices(self, response: dict) -> list[Completion]:
         """The completions of one response (`/v1/completions` or `/v1/chat/completions`), in choice order."""

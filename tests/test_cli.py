@@ -12,7 +12,7 @@ import pytest
 from trl import ModelConfig, TrlParser
 
 from or1_trl import OR1Config
-from or1_trl.cli import COMMANDS, ScriptArguments, main, model_path_problem
+from or1_trl.cli import COMMANDS, ScriptArguments, main, model_path_problem, parse_command
 from or1_trl.testing import save_tiny_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,6 +79,59 @@ def test_unknown_key_in_the_recipe_is_a_usage_error(capsys, tmp_path):
     recipe.write_text("use_cpu: true\nbf16: false\nlearning_rat: 0.1\n")
     code, _, err = exit_code(capsys, "train", "--config", str(recipe))
     assert code == 2 and "error: unknown keys in the --config file: learning_rat" in err
+
+
+#: Per command: its required arguments (FILES: a folder with a model directory, a benchmark file and a run), one
+#: `--config` key with a non-default value, and the attribute of the parsed dataclasses that must carry it.
+CONFIG_CASES = {
+    "train": ([], "prompt_column: question\nuse_cpu: true\nbf16: false\n", lambda p: p[0].prompt_column, "question"),
+    "demo": (["--output_dir", "FILES/demo"], "max_steps: 7\n", lambda p: p[0].max_steps, 7),
+    "serve": (["FILES/model"], "port: 9123\nweight_sync: disk\n", lambda p: (p[0].port, p[0].weight_sync), (9123, "disk")),
+    "prepare": (["--dataset_name", "d", "--output_dir", "FILES/p"], "ngram: 5\n", lambda p: p[0].ngram, 5),
+    "difficulty": (["--dataset_name", "d", "--model", "FILES/model", "--output_dir", "FILES/d"], "n_math: 4\n",
+                   lambda p: p[0].n_math, 4),
+    "select-examples": (["--stats", "s.jsonl", "--dataset_name", "d", "--output_dir", "FILES/s"], "top: 3\n",
+                        lambda p: p[0].top, 3),
+    "eval": (["--model", "FILES/model", "--benchmarks", "FILES/bench.jsonl"], "n: 4\npreset: open-r1\n",
+             lambda p: (p[0].settings.n, p[0].settings.temperature, p[0].output_dir), (4, 0.6, "FILES/model/eval")),
+    "plot": (["FILES"], "smooth: 3\n", lambda p: p[0].smooth, 3),
+}
+
+
+@pytest.fixture
+def config_files(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "bench.jsonl").write_text(json.dumps({"problem": "1+1", "answer": "2"}) + "\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("command", [c.name for c in COMMANDS])
+def test_every_command_takes_a_config_file(config_files, command):
+    """Each command's TRL parser reads `--config cmd.yaml` (as TRL's scripts do): the YAML value reaches the
+    arguments dataclass, a flag on the command line wins over it, an unknown key is refused. Parsing only."""
+    argv, yaml_text, value_of, expected = CONFIG_CASES[command]
+    argv = [a.replace("FILES", str(config_files)) for a in argv]
+    expected = tuple(e.replace("FILES", str(config_files)) if isinstance(e, str) else e for e in expected) \
+        if isinstance(expected, tuple) else expected
+    config = config_files / f"{command}.yaml"
+    config.write_text(yaml_text)
+    parser = next(c for c in COMMANDS if c.name == command).parser()
+    parsed = parse_command(parser, [*argv, "--config", str(config)], vllm_args=command == "serve")
+    assert value_of(parsed) == expected
+    if command == "demo":
+        assert parse_command(parser, [*argv, "--config", str(config), "--max_steps", "9"])[0].max_steps == 9
+    config.write_text(yaml_text + "no_such_key: 1\n")
+    with pytest.raises(SystemExit) as exited:
+        parse_command(next(c for c in COMMANDS if c.name == command).parser(), [*argv, "--config", str(config)])
+    assert exited.value.code == 2
+
+
+@pytest.mark.parametrize("command", [c.name for c in COMMANDS])
+def test_every_command_checks_its_config_file(capsys, tmp_path, command):
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    for config, message in ((tmp_path / "nope.yaml", "no such file"), (tmp_path / "list.yaml", "must be a YAML mapping")):
+        code, _, err = exit_code(capsys, command, "--config", str(config))
+        assert code == 2 and f"or1-trl {command}: error: --config {str(config)!r}" in err and message in err
 
 
 def test_demo_help_prints_its_options_and_runs_nothing(tmp_path):
@@ -297,3 +350,18 @@ def test_tiny_two_stage_recipe_runs_offline_with_its_own_model_and_data(tmp_path
     pool = json.loads((out / "checkpoint-30" / "or1_prompts.json").read_text())["pool"]
     assert set(pool["removed"]) == removed
     assert steps[-1]["pool/size"] < steps[0]["pool/size"] == 2000
+
+
+def test_one_weight_sync_default_for_the_trainer_and_serve(monkeypatch, tmp_path):
+    """`serve.default_weight_sync` decides both `OR1Config.vllm_weight_sync` and `or1-trl serve --weight-sync`:
+    nccl only where CUDA is available and the trainer does not set use_cpu."""
+    import torch
+
+    from or1_trl.cli import ServeArguments
+    from or1_trl.serve import default_weight_sync
+
+    assert OR1Config(output_dir=str(tmp_path), use_cpu=True).vllm_weight_sync == "disk" == default_weight_sync(True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the rule's CUDA branch, on this CPU machine
+    assert (default_weight_sync(), default_weight_sync(use_cpu=True)) == ("nccl", "disk")
+    assert ServeArguments(model=str(tmp_path)).weight_sync == "nccl"
+    assert ServeArguments(model=str(tmp_path), weight_sync="disk").weight_sync == "disk"

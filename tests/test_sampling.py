@@ -208,3 +208,46 @@ def test_server_backend_on_a_real_vllm_server(vllm_server, tmp_path):
 
     with pytest.raises(requests.ConnectionError):  # a server that goes away mid-run: the error, not a hang
         ServerBackend("http://127.0.0.1:9", model="m", retries=0)._post("/v1/completions", {})
+
+
+def test_server_backend_retries_5xx_answers_not_4xx():
+    """`_post` retries a 5xx answer (urllib3's `Retry` on the session) up to `retries` times, then raises with the
+    last answer; a 4xx answer is raised at once."""
+    import http.server
+    import threading
+
+    answers, seen = [], []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            status, body = answers.pop(0)
+            seen.append(status)
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        answers[:] = [(503, b"{}"), (502, b"{}"), (200, b'{"choices": []}')]
+        assert ServerBackend(url, model="m", retries=2)._post("/v1/completions", {}) == {"choices": []}
+        assert seen == [503, 502, 200]
+        seen.clear()
+        answers[:] = [(503, b"busy"), (503, b"still busy")]
+        with pytest.raises(RuntimeError, match="answered 503: still busy"):
+            ServerBackend(url, model="m", retries=1)._post("/v1/completions", {})
+        assert seen == [503, 503]
+        seen.clear()
+        answers[:] = [(400, b"bad request"), (200, b"{}")]
+        with pytest.raises(RuntimeError, match="answered 400: bad request"):
+            ServerBackend(url, model="m", retries=3)._post("/v1/completions", {})
+        assert seen == [400]
+    finally:
+        server.shutdown()

@@ -1,0 +1,196 @@
+"""What every command shares: its parser (TRL's `TrlParser`, so `--config cmd.yaml` works everywhere, with short
+errors), the one-line input errors, and the argument groups two commands use (`DatasetArguments`,
+`BackendArguments`).
+
+Errors: a wrong input ends the command with exit status 2 and one line `or1-trl CMD: error: WHAT` under a short usage
+line (`ShortUsageErrors`: no 200-line option list; `allow_abbrev=False`: no `--max_step` taken for `--max_steps`);
+`input_errors(parser)` turns the `ValueError`s / `OSError`s of the input phase (an arguments dataclass's
+`__post_init__`, a `--config` file, a dataset, a model path) into that line. `OR1_DEBUG=1` (or `or1-trl --debug CMD`)
+shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from dataclasses import dataclass, field
+
+from ..paths import local_model_path, model_path_problem, output_dir_problem
+
+#: Set (to anything but "" or "0") to see the traceback of an input error instead of its one line.
+DEBUG_ENV = "OR1_DEBUG"
+
+
+def debug() -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def short_usage(parser: argparse.ArgumentParser) -> str:
+    """The usage line of an error: the command, its positional and required arguments, `[options]`."""
+    words = [parser.prog]
+    for action in parser._actions:  # argparse's own usage formatter walks the same list
+        if isinstance(action, argparse._SubParsersAction):
+            words.append("COMMAND ...")
+        elif not action.option_strings:
+            words.append(action.metavar or action.dest)
+        elif action.required:
+            words.append(f"{action.option_strings[0]} {action.metavar or action.dest.upper()}")
+    return " ".join(words) + f" [options]   ({parser.prog} --help: all of them)"
+
+
+class ShortUsageErrors:
+    """Parser mixin: `error()` prints `usage: <short_usage>` and one line `PROG: error: MESSAGE` (newlines folded),
+    exit 2 — argparse's format without the full option list in the usage (`or1-trl train` has 200 options)."""
+
+    def error(self, message):
+        self.exit(2, f"usage: {short_usage(self)}\n{self.prog}: error: {' '.join(str(message).split())}\n")
+
+
+@contextlib.contextmanager
+def input_errors(parser: argparse.ArgumentParser, prefix: str = ""):
+    """Inside: a `ValueError` or an `OSError` (a flag, a `--config` file, a dataset, a model path, an output
+    directory that is wrong) ends the command as `parser.error` does, with `prefix` before the message; with
+    `OR1_DEBUG=1` it propagates with its traceback. Wrap the input phase only (parsing, loading the data, building
+    the trainer): errors raised while training keep their traceback."""
+    import yaml
+
+    try:
+        yield
+    except (ValueError, OSError, yaml.YAMLError) as exc:
+        if debug():
+            raise
+        parser.error(f"{prefix}{exc}" if str(exc) else f"{prefix}{type(exc).__name__}")
+
+
+def config_file_problem(argv: list[str]) -> str | None:
+    """What is wrong with the `--config` file of `argv` (TRL's parser reads it with a traceback), or `None`."""
+    import yaml
+
+    if "--config" not in argv:
+        return None
+    index = argv.index("--config")
+    if index + 1 == len(argv) or argv[index + 1].startswith("--"):
+        return "--config needs a YAML file (e.g. examples/recipes/tiny_cpu.yaml)"
+    path = argv[index + 1]
+    if not os.path.isfile(path):
+        return f"--config {path!r}: {'a directory, not a file' if os.path.isdir(path) else 'no such file'}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"--config {path!r} cannot be read: {exc}"
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"--config {path!r} is not valid YAML: {getattr(exc, 'problem', None) or exc}{where}"
+    if not isinstance(config, dict):
+        return f"--config {path!r} must be a YAML mapping (flag: value lines), not {type(config).__name__}"
+    return None
+
+
+def command_parser(dataclass_types, prog: str | None, description: str, epilog: str | None = None):
+    """TRL's `TrlParser` for `dataclass_types` (each field a flag, `--config FILE.yaml` for any of them) with short
+    errors and no abbreviations. A field with `metadata={"positional": True}` is a positional argument (`or1-trl
+    plot OUTPUT_DIR`, `or1-trl serve MODEL`)."""
+    from transformers import HfArgumentParser
+    from trl import TrlParser
+
+    class CommandParser(ShortUsageErrors, TrlParser):
+        @staticmethod
+        def _parse_dataclass_field(parser, field):  # HfArgumentParser's, which makes every field an --option
+            if not field.metadata.get("positional"):
+                return HfArgumentParser._parse_dataclass_field(parser, field)
+            options = {k: v for k, v in field.metadata.items() if k != "positional"}
+            parser.add_argument(field.name, **options)
+
+    return CommandParser(dataclass_types, prog=prog, description=description, epilog=epilog, allow_abbrev=False)
+
+
+def parse_command(parser, argv: list[str], vllm_args: bool = False):
+    """`parser.parse_args_and_config(argv)` with every input error as one line: the `--config` file, the dataclasses'
+    `__post_init__` checks, unknown flags and unknown keys of the `--config` file. Returns the dataclasses, plus the
+    unknown command-line strings when `vllm_args` (they go to vLLM)."""
+    problem = config_file_problem(argv)
+    if problem:
+        parser.error(problem)
+    with input_errors(parser):
+        *parsed, config_unknown, cli_unknown = parser.parse_args_and_config(
+            argv, return_remaining_strings=True, separate_remaining_strings=True)
+    if cli_unknown and not vllm_args:
+        parser.error(f"unrecognized arguments: {' '.join(cli_unknown)}")
+    if config_unknown:
+        parser.error(f"unknown keys in the --config file: {', '.join(s[2:] for s in config_unknown[::2])}")
+    return (*parsed, cli_unknown) if vllm_args else tuple(parsed)
+
+
+def check_at_least_one(args, *names: str) -> None:
+    """`ValueError` naming the first of `names` whose value (when set) is below 1."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be at least 1")
+
+
+def check_output_dir(output_dir: str) -> None:
+    """`ValueError` if `output_dir` is a file or cannot be written (`paths.output_dir_problem`)."""
+    problem = output_dir_problem(output_dir)
+    if problem:
+        raise ValueError(problem)
+
+
+@dataclass(kw_only=True)
+class DatasetArguments:
+    """One dataset split to read: `--dataset_name`, `--dataset_config`, `--split`."""
+
+    dataset_name: str = field(
+        metadata={"help": "Hub dataset, local folder or local .jsonl/.json/.parquet/.csv file."})
+    dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration name."})
+    split: str = field(default="train", metadata={"help": "Split to read ('+' joins splits: 'math+code')."})
+
+    def load(self, column: str | None = None, hint: str = ""):
+        """The split (`data.load_data`); `ValueError` if it cannot be read or has no `column` (then `hint`)."""
+        from ..data import load_data
+
+        dataset = load_data(self.dataset_name, self.dataset_config, split=self.split)
+        if column is not None and column not in dataset.column_names:
+            raise ValueError(f"dataset {self.dataset_name!r} has no column {column!r} (columns: "
+                             f"{dataset.column_names}){hint}")
+        return dataset
+
+
+@dataclass(kw_only=True)
+class BackendArguments:
+    """Where samples come from (`sampling.make_backend`): a model in this process or a vLLM server."""
+
+    model: str | None = field(default=None, metadata={"help": "Local model directory or Hub id to sample in this "
+                                                               "process (required unless --server_url is given)."})
+    server_url: str | None = field(default=None, metadata={
+        "help": "An OpenAI-compatible vLLM server to sample from instead (`or1-trl serve` / `vllm serve`), e.g. "
+        "http://localhost:8000."})
+    backend: str = field(default="auto", metadata={
+        "help": "auto: the server if --server_url, else in-process vLLM if installed, else HF generate.",
+        "choices": ["auto", "server", "vllm", "hf"]})
+    batch_size: int = field(default=64, metadata={"help": "HF generate: sequences per call."})
+    max_concurrency: int = field(default=64, metadata={"help": "Server: requests in flight."})
+    dtype: str = field(default="auto", metadata={"help": "HF / vLLM: model dtype."})
+
+    def check_backend(self) -> None:
+        """`ValueError` for counts below 1, neither a model nor a server, or a model path that cannot be one; a local
+        model's `~` is expanded."""
+        check_at_least_one(self, "batch_size", "max_concurrency")
+        if self.model is None and self.server_url is None:
+            raise ValueError("give --model (sampled in this process) or --server_url (a vLLM server)")
+        if self.model is not None and self.server_url is None:
+            problem = model_path_problem(self.model, flag="--model")
+            if problem:
+                raise ValueError(problem)
+            self.model = local_model_path(self.model)
+
+    def make_backend(self, **options):
+        """The backend these arguments name (`sampling.make_backend`); `options` add to them (e.g. `device`)."""
+        from ..sampling import make_backend
+
+        return make_backend(model=self.model, server_url=self.server_url, backend=self.backend,
+                            batch_size=self.batch_size, max_concurrency=self.max_concurrency, dtype=self.dtype,
+                            **options)

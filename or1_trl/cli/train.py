@@ -1,0 +1,120 @@
+"""`or1-trl train`: TRL's parser for `ScriptArguments` (below), `OR1Config` (every `GRPOConfig` field) and TRL's
+`ModelConfig` (model, dtype, LoRA), `--config recipe.yaml` filling any of them; then `run.build_trainer` and
+`run.train_and_save` (`or1_trl/run.py`). `examples/train_or1.py` calls `train` too."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from ..data import REWARD_COLUMNS
+from ..run import TRL_REWARD_NAMES
+from .parsing import command_parser, input_errors, parse_command
+
+
+@dataclass
+class ScriptArguments:
+    """Data arguments of `or1-trl train` (with `OR1Config` and TRL's `ModelConfig`): the dataset, its columns, the
+    verifier and extra reward functions, the offline difficulty filter."""
+
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "Dataset: a Hub id, a local folder, a local .jsonl/.json/.parquet/.csv file, or a builder "
+                  "(json, parquet, csv) for --data_files."},
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "Dataset configuration name."})
+    data_files: list[str] | None = field(
+        default=None,
+        metadata={"help": "Local data files, TRL's form: --dataset_name json --data_files a.jsonl b.jsonl (without "
+                  "--dataset_name, the builder their extension names)."},
+    )
+    dataset_train_split: str = field(
+        default="train",
+        metadata={"help": "Split to train on; '+' joins splits: 'math+code' for Skywork/Skywork-OR1-RL-Data, "
+                  "'code+code+math' as its released 7B/32B scripts mix them."},
+    )
+    prompt_column: str = field(default="prompt", metadata={"help": "Column holding the prompt."})
+    answer_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "Column holding the gold answer(s) (math) or the tests (code). Default: the reward's own column, "
+            "'answer' for --reward math or auto, 'tests' for --reward code. Not used with the released (verl) format, "
+            "whose gold is reward_model.ground_truth."
+        },
+    )
+    reward: str | None = field(
+        default=None,
+        metadata={
+            "help": "Verifier: 'math' (Math-Verify, paper §7.1), 'code' (sandbox, §7.2), or 'auto': each row by its "
+            "'ability' column (the released format: math and code rows in one run); without one, math. Default: "
+            "auto, or none when --reward_funcs is given alone.",
+            "choices": ["auto", "math", "code"],
+        },
+    )
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": f"Reward functions as `trl grpo` takes them: TRL's names ({', '.join(TRL_REWARD_NAMES)}; the "
+            "last with max_completion_len = --max_completion_length) or module.function import paths (the current "
+            "directory is importable). Alone: they score the completions; beside --reward: added to the verifier's."
+        },
+    )
+    difficulty_model: str | None = field(
+        default=None,
+        metadata={"help": "Offline difficulty filter (paper §6.2): keep rows whose extra_info.model_difficulty count "
+                  "for this model lies in --difficulty_range. '1.5B', '7B', '32B' name DeepSeek-R1-Distill-Qwen-*; "
+                  "any other name is a key as `or1-trl difficulty` writes it."},
+    )
+    difficulty_range: list[int] | None = field(
+        default=None,
+        metadata={"help": "LOW HIGH, inclusive (default with --difficulty_model: 1 15, the released scripts' filter "
+                  "of 16 samples)."},
+    )
+    drop_invalid_rows: bool = field(
+        default=False,
+        metadata={"help": "Drop rows that cannot be scored (no gold answer, malformed tests, unknown ability) "
+                  "instead of stopping with their counts."},
+    )
+    dataset_num_proc: int | None = field(
+        default=None, metadata={"help": "Processes for checking and converting the dataset (`datasets.map`)."}
+    )
+
+    def __post_init__(self):
+        if self.reward is None and not self.reward_funcs:
+            self.reward = "auto"
+        if self.answer_column is None:
+            self.answer_column = REWARD_COLUMNS["code" if self.reward == "code" else "math"]
+        if self.difficulty_range is not None:
+            if len(self.difficulty_range) != 2 or self.difficulty_range[0] > self.difficulty_range[1]:
+                raise ValueError("--difficulty_range takes LOW HIGH with LOW <= HIGH, got "
+                                 f"{' '.join(map(str, self.difficulty_range))}")
+            if self.difficulty_model is None:
+                raise ValueError("--difficulty_range needs --difficulty_model (whose counts to filter on)")
+        if self.reward is None and self.difficulty_model:
+            raise ValueError("--difficulty_model filters rows as the verifier reads them: give --reward (e.g. auto) "
+                             "with it")
+
+
+def train_parser(prog: str | None = "or1-trl train"):
+    """TRL's parser for the training arguments: `ScriptArguments`, `OR1Config`, `ModelConfig`, plus `--config`."""
+    from trl import ModelConfig
+
+    from ..config import OR1Config
+
+    return command_parser(
+        (ScriptArguments, OR1Config, ModelConfig), prog,
+        "Train with the Skywork-OR1 (MAGIC) recipe: OR1Trainer = TRL's GRPOTrainer + the paper.",
+        epilog="--config RECIPE.yaml sets any of these flags from a YAML file (flags given here win); see "
+        "examples/recipes/. Run with `accelerate launch examples/train_or1.py ...` for several processes.",
+    )
+
+
+def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> None:
+    """Train with the MAGIC recipe on `--dataset_name`, scored by the `--reward` verifier and/or `--reward_funcs`."""
+    from ..run import build_trainer, train_and_save
+
+    parser = train_parser(prog)
+    script_args, training_args, model_args = parse_command(parser, list(sys.argv[1:] if argv is None else argv))
+    with input_errors(parser):  # the rewards, the model path, output_dir, the dataset: before the model trains
+        trainer = build_trainer(script_args, training_args, model_args)
+    train_and_save(trainer, script_args.dataset_name)
