@@ -148,6 +148,10 @@ CONTRACT: list[Use] = [
         "output_dir, save_total_limit=, best_model_checkpoint=, use_mtime=, checkpoint_prefix=",
         "trainer.py calls it after the completeness marker is written (rotation held back until then)"),
     Use("transformers.trainer_utils", "PREFIX_CHECKPOINT_DIR", GLOBAL, None, "trainer.py: checkpoint-<step> folders"),
+    Use("transformers.HfArgumentParser", "_parse_dataclass_field", METHOD, "parser, field",
+        "cli/parsing.py overrides it (a static method) in the class command_parser builds: a field with "
+        "metadata positional=True is a positional argument (serve MODEL, plot OUTPUT_DIR), every other field is "
+        "HfArgumentParser's", scanned=False),
     Use("transformers.integrations.deepspeed", "is_deepspeed_zero3_enabled", GLOBAL, "",
         "logprobs.py: Liger cannot run under ZeRO-3"),
     # --- TRL helpers and module globals --------------------------------------------------------------------------
