@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import asdict, dataclass, field
 
 from .parsing import check_at_least_one, check_output_dir, command_parser, parse_command
@@ -39,5 +38,5 @@ def demo(argv: list[str] | None = None, prog: str | None = "or1-trl demo") -> No
     """The offline demo: tiny model, SFT warm-up on the answer format, then MAGIC on small additions."""
     from ..demo import demo as run
 
-    (args,) = parse_command(demo_parser(prog), list(sys.argv[1:] if argv is None else argv))
+    (args,) = parse_command(demo_parser(prog), argv)
     run(**asdict(args))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 
 from .parsing import (BackendArguments, DatasetArguments, check_at_least_one, check_output_dir, command_parser,
@@ -58,7 +57,7 @@ def difficulty(argv: list[str] | None = None, prog: str | None = "or1-trl diffic
     from ..difficulty import estimate_difficulty
 
     parser = difficulty_parser(prog)
-    (args,) = parse_command(parser, list(sys.argv[1:] if argv is None else argv))
+    (args,) = parse_command(parser, argv)
     with input_errors(parser):
         dataset = args.load()
     with input_errors(parser, prefix=f"dataset {args.dataset_name!r} "):  # rows that cannot be scored

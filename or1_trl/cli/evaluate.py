@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 
 from ..evaluation import BENCHMARKS, DEFAULT_PROMPT_TEMPLATE
@@ -90,7 +89,7 @@ def evaluate_command(argv: list[str] | None = None, prog: str | None = "or1-trl 
     from ..model_card import report_to_model_card
 
     parser = eval_parser(prog)
-    (args,) = parse_command(parser, list(sys.argv[1:] if argv is None else argv))
+    (args,) = parse_command(parser, argv)
     with input_errors(parser):
         benchmarks = {}
         for spec, name in zip(args.benchmarks, args.names):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 from dataclasses import dataclass, field
 
 from ..paths import local_model_path, model_path_problem, output_dir_problem
@@ -107,10 +108,11 @@ def command_parser(dataclass_types, prog: str | None, description: str, epilog: 
     return CommandParser(dataclass_types, prog=prog, description=description, epilog=epilog, allow_abbrev=False)
 
 
-def parse_command(parser, argv: list[str], vllm_args: bool = False):
-    """`parser.parse_args_and_config(argv)` with every input error as one line: the `--config` file, the dataclasses'
-    `__post_init__` checks, unknown flags and unknown keys of the `--config` file. Returns the dataclasses, plus the
-    unknown command-line strings when `vllm_args` (they go to vLLM)."""
+def parse_command(parser, argv: list[str] | None, vllm_args: bool = False):
+    """`parser.parse_args_and_config(argv)` (`argv=None`: `sys.argv[1:]`) with every input error as one line: the
+    `--config` file, the dataclasses' `__post_init__` checks, unknown flags and unknown keys of the `--config` file.
+    Returns the dataclasses, plus the unknown command-line strings when `vllm_args` (they go to vLLM)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     problem = config_file_problem(argv)
     if problem:
         parser.error(problem)

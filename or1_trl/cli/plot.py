@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 
 from .parsing import check_at_least_one, command_parser, input_errors, parse_command
@@ -37,7 +36,7 @@ def plot(argv: list[str] | None = None, prog: str | None = "or1-trl plot") -> No
     from ..plot import plot_run
 
     parser = plot_parser(prog)
-    (args,) = parse_command(parser, list(sys.argv[1:] if argv is None else argv))
+    (args,) = parse_command(parser, argv)
     with input_errors(parser):  # no trainer_state.json, nothing to plot
         written, skipped = plot_run(args.output_dir, args.out, args.smooth)
     for path in written.values():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 
 from .parsing import DatasetArguments, check_at_least_one, check_output_dir, command_parser, input_errors, parse_command
@@ -68,7 +67,7 @@ def prepare(argv: list[str] | None = None, prog: str | None = "or1-trl prepare")
     from ..prepare import load_eval_sets, overlap_report, prepare_dataset, write_prepared
 
     parser = prepare_parser(prog)
-    (args,) = parse_command(parser, list(sys.argv[1:] if argv is None else argv))
+    (args,) = parse_command(parser, argv)
     with input_errors(parser):
         dataset = args.load(args.problem_column, "; name the problem's column with --problem_column")
         eval_sets = load_eval_sets(args.eval_specs, args.eval_column) if args.eval_specs else None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 
 from .parsing import DatasetArguments, check_at_least_one, check_output_dir, command_parser, input_errors, parse_command
@@ -45,7 +44,7 @@ def select_examples(argv: list[str] | None = None, prog: str | None = "or1-trl s
     from ..one_shot import select_examples as choose
 
     parser = select_examples_parser(prog)
-    (args,) = parse_command(parser, list(sys.argv[1:] if argv is None else argv))
+    (args,) = parse_command(parser, argv)
     with input_errors(parser):
         ranking = rank_prompts(read_stats(args.stats))
         dataset = args.load(args.prompt_column)

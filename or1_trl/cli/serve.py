@@ -3,7 +3,6 @@ with the flags the weight sync needs). Arguments this command does not know go t
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 
 from ..paths import model_path_problem
@@ -56,7 +55,7 @@ def serve(argv: list[str] | None = None, prog: str | None = "or1-trl serve") -> 
     from ..serve import serve as run
 
     parser = serve_parser(prog)
-    args, vllm_args = parse_command(parser, list(sys.argv[1:] if argv is None else argv), vllm_args=True)
+    args, vllm_args = parse_command(parser, argv, vllm_args=True)
     with input_errors(parser):  # no key for a non-loopback address
         command, env = build_command(args.model, args.weight_sync, args.host, args.port, args.python, vllm_args,
                                      api_key=args.api_key)

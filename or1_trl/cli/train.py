@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 
 from ..data import REWARD_COLUMNS
@@ -114,7 +113,7 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
     from ..run import build_trainer, train_and_save
 
     parser = train_parser(prog)
-    script_args, training_args, model_args = parse_command(parser, list(sys.argv[1:] if argv is None else argv))
+    script_args, training_args, model_args = parse_command(parser, argv)
     with input_errors(parser):  # the rewards, the model path, output_dir, the dataset: before the model trains
         trainer = build_trainer(script_args, training_args, model_args)
     train_and_save(trainer, script_args.dataset_name)
