@@ -86,7 +86,7 @@ class OR1Trainer(GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "or1"]
-    _policy_pass = None  # inside `_compute_loss`: the outputs of TRL's policy pass
+    _policy_pass = None  # inside `_compute_loss`: TRL's policy pass ("outputs") and 80/20 mask ("high_entropy")
     _name = "OR1"
     # The card TRL writes cites the seed papers, then GRPO's (DeepSeekMath).
     _paper = {**model_card.PAPER, "citation": f"{model_card.CITATIONS}\n\n{GRPOTrainer._paper['citation']}"}
@@ -248,8 +248,14 @@ class OR1Trainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         outputs = super()._get_per_token_logps_and_entropies(*args, **kwargs)
         if self._policy_pass is not None:  # inside `_compute_loss`: TRL's policy pass, for the entropy term
-            self._policy_pass.append(outputs)
+            self._policy_pass.setdefault("outputs", outputs)
         return outputs
+
+    def get_high_entropy_mask(self, entropies, mask, threshold):
+        selected = super().get_high_entropy_mask(entropies, mask, threshold)  # [b, T] bool
+        if self._policy_pass is not None:  # inside `_compute_loss`: TRL's 80/20 mask, for the "selected" normaliser
+            self._policy_pass.setdefault("high_entropy", selected)
+        return selected
 
     def _compute_loss(self, model, inputs):
         if not self._or1_loss_enabled:
@@ -260,12 +266,13 @@ class OR1Trainer(GRPOTrainer):
             self.or1_rows_forwarded += mask.size(0)
         # TRL's policy loss, whatever its loss_type / β / GSPO / off-policy mask, on the kept tokens (TRL's mask is
         # completion_mask · tool_mask); its own entropy bonus off, ours below. The policy pass is kept for the bonus.
-        self._entropy_bonus_enabled, self._policy_pass = False, []
+        self._entropy_bonus_enabled, self._policy_pass = False, {}
         # Compacted ranks hold different row counts: this trainer's `accelerator.gather` NaN-pads TRL's per-row
         # metric gathers while TRL's loss runs (an instance attribute, removed on exit; other trainers untouched).
         with row_gathers_padded(self.accelerator):
             trl_loss = super()._compute_loss(model, {**inputs, "tool_mask": mask})
-        (logps, entropies, aux_loss), self._policy_pass = self._policy_pass[0], None  # [b, T], [b, T], scalar
+        policy_pass, self._policy_pass = self._policy_pass, None
+        logps, entropies, aux_loss = policy_pass["outputs"]  # [b, T], [b, T], scalar
 
         # Counted over the kept groups only (T~_k): T_k for token-level types, the kept rows for row means.
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
@@ -275,8 +282,8 @@ class OR1Trainer(GRPOTrainer):
                                          mask.size(0), num_processes, accumulation, steps, self.max_completion_length)
         selected = None
         if self.top_entropy_quantile < 1.0 and self.args.top_entropy_normalization == "selected":
-            # 80/20, the official code's normaliser: the selected tokens (TRL's mask, recomputed) instead of T_k.
-            chosen = mask * self.get_high_entropy_mask(entropies.detach(), mask, 1 - self.top_entropy_quantile)
+            # 80/20, the official code's normaliser: the selected tokens (TRL's own mask of this pass) instead of T_k.
+            chosen = mask * policy_pass["high_entropy"]
             local = torch.stack([chosen.sum(), (mask.sum(dim=1) > 0).sum().float()]).detach()  # [2]
             chosen, with_tokens = self.accelerator.reduce(local, reduction="sum")
             selected = (chosen, with_tokens, share(inputs.get(KEPT_ROWS_KEY, with_tokens), num_processes, accumulation, steps))
