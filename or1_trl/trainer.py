@@ -269,7 +269,7 @@ class OR1Trainer(GRPOTrainer):
         self._entropy_bonus_enabled, self._policy_pass = False, {}
         # Compacted ranks hold different row counts: this trainer's `accelerator.gather` NaN-pads TRL's per-row
         # metric gathers while TRL's loss runs (an instance attribute, removed on exit; other trainers untouched).
-        with row_gathers_padded(self.accelerator):
+        with row_gathers_padded(self.accelerator, active=mode == "train" and self._rejection_mode == "compact"):
             trl_loss = super()._compute_loss(model, {**inputs, "tool_mask": mask})
         policy_pass, self._policy_pass = self._policy_pass, None
         logps, entropies, aux_loss = policy_pass["outputs"]  # [b, T], [b, T], scalar
