@@ -303,11 +303,14 @@ class OR1Trainer(GRPOTrainer):
         self._entropy_window.add(sampled_token_entropy(old_logps.detach()) if sampled else entropies.detach(), mask)
         if not self.accelerator.sync_gradients:
             return
-        measured = self._entropy_window.close(lambda stats: self.accelerator.reduce(stats, reduction="sum"))
+        measured = self._entropy_window.close(self._sum_over_ranks)
         self.entropy_controller.update(measured)  # no kept token: nothing measured, c unchanged
         self._metrics["train"]["entropy_coef"].append(self.entropy_controller.coef)
         if measured is not None:
             self._metrics["train"]["entropy/measured"].append(measured)
+
+    def _sum_over_ranks(self, stats: torch.Tensor) -> torch.Tensor:  # [n] -> [n], the same on every rank
+        return self.accelerator.reduce(stats, reduction="sum")
 
     def _log_loss_metrics(self, mode, policy_loss, alpha, entropies, mask):
         """Ours besides TRL's (`entropy`, `clip_ratio/*`, `kl` over the kept tokens): α, the policy part of the loss,
@@ -318,8 +321,7 @@ class OR1Trainer(GRPOTrainer):
         metrics["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
         if mode == "train":
             metrics["rejection/rows_forwarded"].append(float(mask.size(0)))
-            local = torch.stack([(entropies.detach() * mask).sum(), mask.sum()])  # [2]
-            self._entropy_watch.add(*self.accelerator.reduce(local, "sum").tolist())
+            self._entropy_watch.add(entropies.detach(), mask)  # summed over ranks once, at the step's end
 
     # --- 5. The update, and what the run shows (`observability.py`): skipped steps, time split, entropy warnings
     def training_step(self, model, inputs, num_items_in_batch):
@@ -334,7 +336,8 @@ class OR1Trainer(GRPOTrainer):
         if self.accelerator.sync_gradients and self._or1_loss_enabled:
             self._metrics["train"]["skipped_steps"].append(float(self.or1_skipped_steps))
             self._metrics["train"]["entropy/target"].append(self.entropy_controller.target)
-            self._warn(*self._entropy_watch.end_step(self.entropy_controller.coef))  # collapse, low start
+            # collapse, low start
+            self._warn(*self._entropy_watch.end_step(self.entropy_controller.coef, self._sum_over_ranks))
             self._warn(*self._skipped_watch.observe(rollout.skip_update, rollout.outcomes))
         return loss
 
