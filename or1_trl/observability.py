@@ -57,6 +57,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
 
+from .entropy import StepWindow
 from .files import write_json_atomic
 
 PHASES = ("rollout", "reward", "update", "other")
@@ -232,17 +233,16 @@ class EntropyWatch:
     _first: list[float] = field(default_factory=list)
     _warned_collapse: bool = False
     _warned_start: bool = False
-    _step_sums: list[float] = field(default_factory=lambda: [0.0, 0.0])  # [Σ H·m, Σ m] of the current step
+    _step: StepWindow = field(default_factory=StepWindow)  # this rank's [Σ H·m, Σ m] of the current step
 
-    def add(self, total: float, kept: float) -> None:
-        """One micro-step's Σ H·m and Σ m over the kept tokens (all ranks), towards the step's entropy."""
-        self._step_sums = [self._step_sums[0] + total, self._step_sums[1] + kept]
+    def add(self, entropies: torch.Tensor, mask: torch.Tensor) -> None:
+        """One micro-step's entropies `[b, T]` on its kept tokens `mask` `[b, T]` (this rank), towards the step's."""
+        self._step.add(entropies, mask)
 
-    def end_step(self, coef: float) -> list[str]:
-        """`observe` the entropy of the step `add` summed (None without a kept token); starts the next step."""
-        total, count = self._step_sums
-        self._step_sums = [0.0, 0.0]
-        return self.observe(total / count if count > 0 else None, coef)
+    def end_step(self, coef: float, reduce: Callable[[torch.Tensor], torch.Tensor]) -> list[str]:
+        """`observe` the entropy of the step `add` summed (`reduce`: the sum over ranks, one collective per step;
+        None without a kept token); starts the next step."""
+        return self.observe(self._step.close(reduce), coef)
 
     @classmethod
     def for_config(cls, args) -> "EntropyWatch":

@@ -246,17 +246,18 @@ def reject(batch: dict[str, Any], rewards: torch.Tensor, num_generations: int, m
 
 
 @contextmanager
-def row_gathers_padded(accelerator):
-    """While active, `accelerator.gather` NaN-pads floating per-row tensors to the longest rank's row count first.
+def row_gathers_padded(accelerator, active: bool = True):
+    """While open (and `active`), `accelerator.gather` NaN-pads floating per-row tensors to the longest rank's row count first.
 
     After `"compact"` the ranks hold different numbers of rows, but TRL's `_compute_loss` gathers two per-row
     metrics (`clip_ratio/low_min`, `clip_ratio/high_max`) with a plain all-gather, which needs equal shapes: with
     unequal rows gloo aborts ("Received data size doesn't match expected size"). TRL reduces both with `nanmin` /
     `nanmax`, and rows with no kept token are already NaN there, so NaN padding changes no metric. Scalars and
     integer tensors are gathered as they are. Scoped to this accelerator object (an instance attribute, removed on
-    exit), so other trainers in the process are untouched.
+    exit), so other trainers in the process are untouched. Each padded gather costs one more collective (the sizes),
+    so the trainer sets `active` only for a batch from `"compact"`: otherwise every rank holds the same rows.
     """
-    if accelerator.num_processes == 1:
+    if not active or accelerator.num_processes == 1:
         yield
         return
     gather = accelerator.gather

@@ -75,13 +75,17 @@ def nonfinite_mask(rewards_per_func: torch.Tensor, abstained: Sequence[Sequence[
     Args:
         abstained: per function, this rank's rows where it returned `None` (`record_abstentions`).
         num_local: rows on this rank (`b`; N = b × ranks).
-        gather: the all-gather over ranks (`accelerator.gather`); the result is the same on every rank.
+        gather: the all-gather over ranks (`accelerator.gather`), skipped when every reward is finite; the result is
+            the same on every rank.
     """
+    nonfinite = ~torch.isfinite(rewards_per_func)  # [N, F]
+    if not nonfinite.any():  # the usual case, and the same on every rank (the rewards are gathered): no all-gather
+        return nonfinite
     local = torch.zeros(num_local, rewards_per_func.size(1), device=rewards_per_func.device)  # [b, F]
     for column, rows in enumerate(abstained):
         local[list(rows), column] = 1.0
     none = gather(local).bool()  # [N, F]
-    return ~torch.isfinite(rewards_per_func) & ~none
+    return nonfinite & ~none
 
 
 def nonfinite_message(bad: torch.Tensor, rewards_per_func: torch.Tensor, names: Sequence[str], offset: int,

@@ -86,7 +86,7 @@ class OR1Trainer(GRPOTrainer):
     """
 
     _tag_names = ["trl", "grpo", "or1"]
-    _policy_pass = None  # inside `_compute_loss`: the outputs of TRL's policy pass
+    _policy_pass = None  # inside `_compute_loss`: TRL's policy pass ("outputs") and 80/20 mask ("high_entropy")
     _name = "OR1"
     # The card TRL writes cites the seed papers, then GRPO's (DeepSeekMath).
     _paper = {**model_card.PAPER, "citation": f"{model_card.CITATIONS}\n\n{GRPOTrainer._paper['citation']}"}
@@ -248,8 +248,14 @@ class OR1Trainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         outputs = super()._get_per_token_logps_and_entropies(*args, **kwargs)
         if self._policy_pass is not None:  # inside `_compute_loss`: TRL's policy pass, for the entropy term
-            self._policy_pass.append(outputs)
+            self._policy_pass.setdefault("outputs", outputs)
         return outputs
+
+    def get_high_entropy_mask(self, entropies, mask, threshold):
+        selected = super().get_high_entropy_mask(entropies, mask, threshold)  # [b, T] bool
+        if self._policy_pass is not None:  # inside `_compute_loss`: TRL's 80/20 mask, for the "selected" normaliser
+            self._policy_pass.setdefault("high_entropy", selected)
+        return selected
 
     def _compute_loss(self, model, inputs):
         if not self._or1_loss_enabled:
@@ -260,12 +266,13 @@ class OR1Trainer(GRPOTrainer):
             self.or1_rows_forwarded += mask.size(0)
         # TRL's policy loss, whatever its loss_type / β / GSPO / off-policy mask, on the kept tokens (TRL's mask is
         # completion_mask · tool_mask); its own entropy bonus off, ours below. The policy pass is kept for the bonus.
-        self._entropy_bonus_enabled, self._policy_pass = False, []
+        self._entropy_bonus_enabled, self._policy_pass = False, {}
         # Compacted ranks hold different row counts: this trainer's `accelerator.gather` NaN-pads TRL's per-row
         # metric gathers while TRL's loss runs (an instance attribute, removed on exit; other trainers untouched).
-        with row_gathers_padded(self.accelerator):
+        with row_gathers_padded(self.accelerator, active=mode == "train" and self._rejection_mode == "compact"):
             trl_loss = super()._compute_loss(model, {**inputs, "tool_mask": mask})
-        (logps, entropies, aux_loss), self._policy_pass = self._policy_pass[0], None  # [b, T], [b, T], scalar
+        policy_pass, self._policy_pass = self._policy_pass, None
+        logps, entropies, aux_loss = policy_pass["outputs"]  # [b, T], [b, T], scalar
 
         # Counted over the kept groups only (T~_k): T_k for token-level types, the kept rows for row means.
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
@@ -275,8 +282,8 @@ class OR1Trainer(GRPOTrainer):
                                          mask.size(0), num_processes, accumulation, steps, self.max_completion_length)
         selected = None
         if self.top_entropy_quantile < 1.0 and self.args.top_entropy_normalization == "selected":
-            # 80/20, the official code's normaliser: the selected tokens (TRL's mask, recomputed) instead of T_k.
-            chosen = mask * self.get_high_entropy_mask(entropies.detach(), mask, 1 - self.top_entropy_quantile)
+            # 80/20, the official code's normaliser: the selected tokens (TRL's own mask of this pass) instead of T_k.
+            chosen = mask * policy_pass["high_entropy"]
             local = torch.stack([chosen.sum(), (mask.sum(dim=1) > 0).sum().float()]).detach()  # [2]
             chosen, with_tokens = self.accelerator.reduce(local, reduction="sum")
             selected = (chosen, with_tokens, share(inputs.get(KEPT_ROWS_KEY, with_tokens), num_processes, accumulation, steps))
@@ -296,11 +303,14 @@ class OR1Trainer(GRPOTrainer):
         self._entropy_window.add(sampled_token_entropy(old_logps.detach()) if sampled else entropies.detach(), mask)
         if not self.accelerator.sync_gradients:
             return
-        measured = self._entropy_window.close(lambda stats: self.accelerator.reduce(stats, reduction="sum"))
+        measured = self._entropy_window.close(self._sum_over_ranks)
         self.entropy_controller.update(measured)  # no kept token: nothing measured, c unchanged
         self._metrics["train"]["entropy_coef"].append(self.entropy_controller.coef)
         if measured is not None:
             self._metrics["train"]["entropy/measured"].append(measured)
+
+    def _sum_over_ranks(self, stats: torch.Tensor) -> torch.Tensor:  # [n] -> [n], the same on every rank
+        return self.accelerator.reduce(stats, reduction="sum")
 
     def _log_loss_metrics(self, mode, policy_loss, alpha, entropies, mask):
         """Ours besides TRL's (`entropy`, `clip_ratio/*`, `kl` over the kept tokens): α, the policy part of the loss,
@@ -311,8 +321,7 @@ class OR1Trainer(GRPOTrainer):
         metrics["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
         if mode == "train":
             metrics["rejection/rows_forwarded"].append(float(mask.size(0)))
-            local = torch.stack([(entropies.detach() * mask).sum(), mask.sum()])  # [2]
-            self._entropy_watch.add(*self.accelerator.reduce(local, "sum").tolist())
+            self._entropy_watch.add(entropies.detach(), mask)  # summed over ranks once, at the step's end
 
     # --- 5. The update, and what the run shows (`observability.py`): skipped steps, time split, entropy warnings
     def training_step(self, model, inputs, num_items_in_batch):
@@ -327,7 +336,8 @@ class OR1Trainer(GRPOTrainer):
         if self.accelerator.sync_gradients and self._or1_loss_enabled:
             self._metrics["train"]["skipped_steps"].append(float(self.or1_skipped_steps))
             self._metrics["train"]["entropy/target"].append(self.entropy_controller.target)
-            self._warn(*self._entropy_watch.end_step(self.entropy_controller.coef))  # collapse, low start
+            # collapse, low start
+            self._warn(*self._entropy_watch.end_step(self.entropy_controller.coef, self._sum_over_ranks))
             self._warn(*self._skipped_watch.observe(rollout.skip_update, rollout.outcomes))
         return loss
 

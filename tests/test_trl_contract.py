@@ -108,7 +108,7 @@ CONTRACT: list[Use] = [
     Use(GRPO, "create_model_card", METHOD, "self, model_name=, dataset_name=, tags=",
         "trainer.py overrides: the OR1 section inserted into the card TRL writes"),
     Use(GRPO, "get_high_entropy_mask", METHOD, "self, entropies, mask, threshold",
-        "trainer.py calls it: the 80/20 'selected' normaliser counts TRL's own high-entropy tokens"),
+        "trainer.py overrides: keeps TRL's mask of the policy pass; the 80/20 'selected' normaliser counts its tokens"),
     Use(GRPO, "_paper", CLASS_ATTRIBUTE, None, "trainer.py: the model card cites GRPO's paper after OR1's"),
     Use(GRPO, "_name", CLASS_ATTRIBUTE, None, "trainer.py sets it: the model card's trainer name ('OR1')"),
     Use(GRPO, "_tag_names", CLASS_ATTRIBUTE, None, "trainer.py sets it: the Hub tags of the model card (+ 'or1')"),
