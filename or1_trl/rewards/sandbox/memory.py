@@ -137,6 +137,15 @@ def _own_cgroups() -> list[tuple[int, str, str]]:
     return out
 
 
+def _kill_all(pids):
+    """SIGKILL each of ``pids``, ignoring those already gone."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def _write(path: str, text: str):
     with open(path, "w") as f:
         f.write(text)
@@ -300,11 +309,7 @@ class SampleCgroup:
         deadline = time.monotonic() + timeout
         pause = 0.0005
         while True:
-            for pid in self.pids():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+            _kill_all(self.pids())
             try:
                 os.rmdir(self.path)
                 return
@@ -402,22 +407,14 @@ class TreeWatchdog:
             if w.cgroup is not None:
                 if not w.exceeded and w.cgroup.oom_kills():
                     w.exceeded = True
-                    for pid in w.cgroup.pids():
-                        try:
-                            os.kill(pid, signal.SIGKILL)
-                        except OSError:
-                            pass
+                    _kill_all(w.cgroup.pids())
                 continue
             tree = tree_of(w.root, table)
             rss = sum(table[p][1] for p in tree)
             w.peak = max(w.peak, rss)
             if rss > w.bound:
                 w.exceeded = True
-                for pid in tree:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
+                _kill_all(tree)
 
     def _loop(self):
         while True:
