@@ -137,6 +137,15 @@ def _own_cgroups() -> list[tuple[int, str, str]]:
     return out
 
 
+def _kill_all(pids):
+    """SIGKILL each of ``pids``, ignoring those already gone."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def _write(path: str, text: str):
     with open(path, "w") as f:
         f.write(text)
@@ -300,11 +309,7 @@ class SampleCgroup:
         deadline = time.monotonic() + timeout
         pause = 0.0005
         while True:
-            for pid in self.pids():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+            _kill_all(self.pids())
             try:
                 os.rmdir(self.path)
                 return
@@ -343,11 +348,18 @@ def _process_table() -> dict[int, tuple[int, int]]:
     return table
 
 
-def tree_of(root: int, table: dict[int, tuple[int, int]]) -> list[int]:
-    """``root`` and all its descendants in ``table``."""
+def _children(table: dict[int, tuple[int, int]]) -> dict[int, list[int]]:
+    """ppid -> its child pids, from :func:`_process_table`."""
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in table.items():
         children.setdefault(ppid, []).append(pid)
+    return children
+
+
+def tree_of(root: int, table: dict[int, tuple[int, int]], children: dict[int, list[int]] | None = None) -> list[int]:
+    """``root`` and all its descendants in ``table`` (``children``: :func:`_children` of ``table``, when known)."""
+    if children is None:
+        children = _children(table)
     tree, todo = [], [root]
     while todo:
         pid = todo.pop()
@@ -398,26 +410,19 @@ class TreeWatchdog:
         if not watches:
             return
         table = _process_table() if any(w.cgroup is None for w in watches) else {}
+        children = _children(table)  # one process table and one tree index per look, for every watched sample
         for w in watches:
             if w.cgroup is not None:
                 if not w.exceeded and w.cgroup.oom_kills():
                     w.exceeded = True
-                    for pid in w.cgroup.pids():
-                        try:
-                            os.kill(pid, signal.SIGKILL)
-                        except OSError:
-                            pass
+                    _kill_all(w.cgroup.pids())
                 continue
-            tree = tree_of(w.root, table)
+            tree = tree_of(w.root, table, children)
             rss = sum(table[p][1] for p in tree)
             w.peak = max(w.peak, rss)
             if rss > w.bound:
                 w.exceeded = True
-                for pid in tree:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
+                _kill_all(tree)
 
     def _loop(self):
         while True:

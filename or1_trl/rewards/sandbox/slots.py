@@ -101,17 +101,13 @@ def acquire_uid_slot(uid_base: int, directory: str | None = None) -> UidSlot:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
             if os.fstat(fd).st_size:  # the previous holder died without releasing: reclaim what it left
                 _kill_uid(uid)
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except BlockingIOError:  # held by another sandbox
+            os.close(fd)
+            continue
         except BaseException:
             os.close(fd)
             raise
