@@ -26,7 +26,7 @@ name, during `GRPOTrainer.__init__`), and this trainer's own `callback_handler.o
 `args.save_total_limit` (`_save_checkpoint`) and `accelerator.gather` (`_compute_loss`).
 
 With every OR1 feature off (`rejection_sampling="off"`, `use_adaptive_entropy=False`, `entropy_coef=0`,
-`logprob_backend="trl"`) or with a plain `GRPOConfig`, the trainer is `GRPOTrainer` unchanged.
+`logprob_backend="trl"`, `rollout_correction="trl"`) or with a plain `GRPOConfig`, the trainer is `GRPOTrainer` unchanged.
 """
 
 from __future__ import annotations
