@@ -178,6 +178,7 @@ def test_bf16_server_against_fp32_trainer_logs_the_diagnostics(vllm_server_bf16,
         log_ratio = logged(trainer, f"rollout_correction/log_ratio{q}")
         assert len(log_ratio) == 2 and all(0 < abs(v) < 0.05 for v in log_ratio), (q, log_ratio)
     low, mean, high = (logged(trainer, key) for key in rc.TRL_RATIO_KEYS)
+    assert len(low) == len(mean) == len(high) == 2
     assert all(0.8 < a <= m <= b < 1.25 for a, m, b in zip(low, mean, high))  # the per-token weights, near 1
 
 
