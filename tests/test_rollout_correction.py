@@ -155,6 +155,13 @@ def test_config_sets_trls_fields_and_refuses_unknown_modes(tmp_path):
         OR1Config(output_dir=str(tmp_path), rollout_correction="seq")
     with pytest.raises(ValueError, match="rollout_correction_cap=1.0 must be > 1"):
         OR1Config(output_dir=str(tmp_path), rollout_correction_cap=1.0)
+    from or1_trl.model_card import or1_settings  # the model card says which correction a vLLM run used
+
+    card = dict(or1_settings(OR1Config(output_dir=str(tmp_path), use_vllm=True)))
+    assert card["rollout correction (vLLM)"] == "`geo_mask_token_truncate`, cap 2"
+    assert dict(or1_settings(OR1Config(output_dir=str(tmp_path), use_vllm=True, rollout_correction="trl"))
+                )["rollout correction (vLLM)"] == "TRL's: `sequence_mask`, clip [—, 3]"
+    assert "rollout correction (vLLM)" not in dict(or1_settings(args))  # no vLLM: no correction
 
 
 # --- On a real bf16 vLLM CPU server, against the fp32 trainer -----------------------------------------------------
