@@ -189,24 +189,47 @@ def test_bf16_server_against_fp32_trainer_logs_the_diagnostics(vllm_server_bf16,
     assert all(0.8 < a <= m <= b < 1.25 for a, m, b in zip(low, mean, high))  # the per-token weights, near 1
 
 
+NEAR_ONE = 1.00001  # a cap just above 1: the geometric mask drops nearly every row (TRL's token ratio would not)
+
+
+def _expected(batch, mode, cap):
+    args = (batch["old_per_token_logps"], batch["sampling_per_token_logps"], batch["completion_mask"].float())
+    return rc.trl_weights(*args) if mode == "trl" else rc.correction_weights(*args, mode, cap)
+
+
 @pytest.mark.parametrize("mode", ["geo_mask_token_truncate", "trl"])
 def test_the_batch_holds_the_modes_weights(vllm_server_bf16, tmp_path, mode):
     """One rollout batch, as TRL builds it against the bf16 server: with our mode the ratio is our weights of TRL's own
-    log-probs; with "trl" it is TRL's ratio, which `trl_weights` reproduces (its `sequence_mask`, summed)."""
-    trainer = _server_trainer(vllm_server_bf16, tmp_path, rollout_correction=mode, max_completion_length=64)
+    log-probs (masked rows included, which TRL's ratio would keep); with "trl" it is TRL's ratio, which `trl_weights`
+    reproduces (its `sequence_mask`, summed)."""
+    trainer = _server_trainer(vllm_server_bf16, tmp_path, rollout_correction=mode, rollout_correction_cap=NEAR_ONE,
+                              max_completion_length=64)
     trainer.model.train()
-    batch = trainer._scored([trainer.train_dataset[i] for i in range(8)])
-    mask = batch["completion_mask"].float()
-    args = (batch["old_per_token_logps"], batch["sampling_per_token_logps"], mask)
+    batch = trainer._scored([trainer.train_dataset[i] for i in (0, 0, 0, 0, 2, 2, 2, 2)])  # 2 groups of G = 4
+    expected = _expected(batch, mode, NEAR_ONE)
+    torch.testing.assert_close(batch["importance_sampling_ratio"], expected, rtol=1e-6, atol=1e-7)
+    masked = (expected == 0).all(dim=1).float().mean().item()
+    assert trainer._metrics["train"]["rollout_correction/masked_frac"] == [pytest.approx(masked)]
     if mode == "trl":
-        expected = rc.trl_weights(*args)  # TRL's defaults: sequence_mask, clip_max 3
-        assert batch["importance_sampling_ratio"].shape == (8, 1)
-        sums = rc.token_log_ratios(*args).sum(dim=1)
+        assert batch["importance_sampling_ratio"].shape == (8, 1) and masked == 0.0  # a bf16 gap: exp(Σ) near 1
+        sums = rc.token_log_ratios(batch["old_per_token_logps"], batch["sampling_per_token_logps"],
+                                   batch["completion_mask"].float()).sum(dim=1)
         assert sums.abs().max() > 1e-3  # a sum and a mean of the log-ratios would differ visibly
     else:
-        expected = rc.correction_weights(*args, mode, 2.0)
+        assert masked > 0
+
+
+def test_refill_batches_are_corrected_before_rejection(vllm_server_bf16, tmp_path):
+    """Both groups of the first rollout are rejected (ALL, NONE): a refill batch joins, and every row that survives
+    compaction carries our weights of its own log-probs; the diagnostics were logged for both rollouts."""
+    trainer = _server_trainer(vllm_server_bf16, tmp_path, rollout_correction_cap=NEAR_ONE, rejection_refill_rounds=1)
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([trainer.train_dataset[i] for i in (1, 1, 1, 1, 3, 3, 3, 3)])
+    metrics = trainer._metrics["train"]
+    assert metrics["refill/rounds"] == [1.0] and len(metrics["rollout_correction/masked_frac"]) == 2
+    expected = _expected(batch, "geo_mask_token_truncate", NEAR_ONE)
     torch.testing.assert_close(batch["importance_sampling_ratio"], expected, rtol=1e-6, atol=1e-7)
-    assert trainer._metrics["train"]["rollout_correction/masked_frac_q4"] == [0.0]
+    assert (expected == 0).all(dim=1).any()
 
 
 def test_off_loss_is_the_plain_equation(vllm_server_bf16, tmp_path):
