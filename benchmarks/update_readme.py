@@ -46,6 +46,7 @@ BENCHMARKS = {
     "memory": Benchmark("benchmarks/memory.py", (), ("--quick",)),
     "step_time": Benchmark("benchmarks/step_time.py", (), ("--quick",)),
     "learning": Benchmark("benchmarks/learning.py", (), ("--quick",)),
+    "rollout_correction": Benchmark("benchmarks/rollout_correction.py", (), ("--quick",)),
 }
 
 

@@ -107,7 +107,14 @@ def or1_settings(args) -> list[tuple[str, str]]:
         ("online filter (stage starts)", f"accuracy ≥ {_fmt(args.online_filter_threshold)} leaves the pool"
          + (f"; unsolved after {args.online_filter_unsolved_after} samples too" if args.online_filter_unsolved_after else "")),
         ("mask truncated completions", _fmt(args.mask_truncated_completions)),
-    ]
+    ] + ([("rollout correction (vLLM)", _rollout_correction(args))] if args.use_vllm else [])
+
+
+def _rollout_correction(args) -> str:
+    if args.rollout_correction == "trl":
+        return (f"TRL's: `{args.vllm_importance_sampling_mode}`, clip [{_fmt(args.vllm_importance_sampling_clip_min)}, "
+                f"{_fmt(args.vllm_importance_sampling_clip_max)}]" if args.vllm_importance_sampling_correction else "TRL's: off")
+    return f"`{args.rollout_correction}`" + (f", cap {_fmt(args.rollout_correction_cap)}" if args.rollout_correction != "off" else "")
 
 
 def stage_rows(shapes) -> list[list[str]]:

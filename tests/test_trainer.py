@@ -55,7 +55,8 @@ def logged(trainer, key):
     return [entry[key] for entry in trainer.state.log_history if key in entry]
 
 
-OR1_OFF = dict(rejection_sampling="off", use_adaptive_entropy=False, entropy_coef=0.0, logprob_backend="trl")
+OR1_OFF = dict(rejection_sampling="off", use_adaptive_entropy=False, entropy_coef=0.0, logprob_backend="trl",
+               rollout_correction="trl")
 
 
 def test_drop_in_equivalence_with_grpo_trainer(tmp_path):
@@ -344,5 +345,7 @@ def test_changed_defaults_are_announced_once_at_start(tmp_path, caplog):
     default = OR1Config(**tiny_training_args(tmp_path)).changed_defaults()
     assert ("rejection_sampling", "compact", "off") in default
     assert ("logprob_backend", "auto", "trl") in default
+    assert ("rollout_correction", "geo_mask_token_truncate", "trl") in default
     assert OR1Config(**tiny_training_args(tmp_path, lr_scheduler_type="linear", use_adaptive_entropy=False,
-                                          rejection_sampling="off", logprob_backend="trl")).changed_defaults() == []
+                                          rejection_sampling="off", logprob_backend="trl",
+                                          rollout_correction="trl")).changed_defaults() == []

@@ -87,7 +87,8 @@ CONTRACT: list[Use] = [
     Use(GRPO, "_calculate_rewards", METHOD, "self, inputs, prompts, completions, completion_ids_list",
         "trainer.py overrides: rewards of all ranks [B*G, F] for rejection, per-prompt statistics, non-finite check"),
     Use(GRPO, "_generate_and_score_completions", METHOD, "self, inputs",
-        "trainer.py overrides: per-prompt statistics, rejection sampling and refill, T_k over the kept tokens"),
+        "trainer.py overrides: the rollout correction replaces its importance_sampling_ratio (rollout_correction.py; "
+        "refills too), per-prompt statistics, rejection sampling and refill, T_k over the kept tokens"),
     Use(GRPO, "_compute_loss", METHOD, "self, model, inputs",
         "trainer.py overrides: TRL's loss on the kept tokens (mask passed as tool_mask), + α·H, eq. 3.2 controller"),
     Use(GRPO, "_get_per_token_logps_and_entropies", METHOD,
@@ -113,7 +114,8 @@ CONTRACT: list[Use] = [
     Use(GRPO, "_name", CLASS_ATTRIBUTE, None, "trainer.py sets it: the model card's trainer name ('OR1')"),
     Use(GRPO, "_tag_names", CLASS_ATTRIBUTE, None, "trainer.py sets it: the Hub tags of the model card (+ 'or1')"),
     # --- GRPOTrainer: its state OR1Trainer reads or writes -------------------------------------------------------
-    Use(GRPO, "_metrics", ATTRIBUTE, None, "trainer.py appends OR1's metrics to TRL's {'train'|'eval': {key: [..]}}"),
+    Use(GRPO, "_metrics", ATTRIBUTE, None, "trainer.py appends OR1's metrics to TRL's {'train'|'eval': {key: [..]}}; "
+        "rollout_correction.py replaces the last sampling/importance_sampling_ratio/* entries TRL appended"),
     Use(GRPO, "_step", ATTRIBUTE, None, "trainer.py resets TRL's generation counter at a stage start"),
     Use(GRPO, "_buffered_inputs", ATTRIBUTE, None, "trainer.py drops TRL's buffered rollout at a stage start"),
     Use(GRPO, "_last_world_entropy", ATTRIBUTE, None,
@@ -539,7 +541,8 @@ def test_the_scan_sees_overrides_super_calls_private_state_and_swaps():
 # here to what TRL computes itself.
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo")
-OR1_NEUTRAL = dict(rejection_sampling="mask", use_adaptive_entropy=False, entropy_coef=0.0, logprob_backend="trl")
+OR1_NEUTRAL = dict(rejection_sampling="mask", use_adaptive_entropy=False, entropy_coef=0.0, logprob_backend="trl",
+                   rollout_correction="trl")
 ROWS, PROMPT, LENGTH = 8, 5, 6  # one micro-batch: 2 groups of 4, prompt and completion lengths
 
 
