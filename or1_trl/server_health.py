@@ -138,7 +138,7 @@ class ServerWatch:
 
 @contextmanager
 def stop_with_checkpoint(trainer):
-    """Around a rollout of `trainer` (an `OR1Trainer`): record `vllm/resyncs`; on `ServerDownError` (raised on every
+    """Around a rollout of `trainer` (an `OR1Trainer`): record `vllm/resyncs` (resyncs so far); on `ServerDownError` (raised on every
     rank together) save a complete checkpoint of the last finished step, unless one is there, and stop with one line."""
     try:
         yield
@@ -152,5 +152,5 @@ def stop_with_checkpoint(trainer):
             "the server (or1-trl serve ...), then resume with --resume_from_checkpoint true."
         ) from None
     resyncs = getattr(getattr(trainer, "vllm_generation", None), "resyncs", None)
-    if resyncs is not None and trainer.model.training:
-        trainer._metrics["train"][RESYNCS_METRIC].append(float(resyncs))
+    if resyncs is not None and trainer.model.training:  # the run's count so far (one value per logged step)
+        trainer._metrics["train"][RESYNCS_METRIC] = [float(resyncs)]

