@@ -8,13 +8,18 @@ shows a gap orders of magnitude above 1e-4 (`test_vllm_server.py::test_without_a
 The tests share one server of their own (not the session's: they kill it), started once and restarted twice."""
 
 import os
+import socket
 import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
+import requests
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from or1_trl import checkpoint
-from or1_trl.server_health import RESYNCS_METRIC, RETRY, ServerDownError
+from or1_trl.server_health import RESYNCS_METRIC, RETRY, ServerDownError, ServerWatch, mount_retries
+from or1_trl.weight_sync import DiskWeightSync
 
 from .conftest import VLLMServer, require_or_skip
 from .test_trainer import ScriptedReward, logged, tagged_dataset
@@ -108,3 +113,48 @@ def test_a_server_down_too_long_stops_with_a_complete_checkpoint_and_resume_uses
     diffs = logged(resumed, DIFF)[-2:]  # log_history holds the first run's step 1 too
     assert len(diffs) == 2 and max(diffs) < TOL, diffs  # its first rollout already came from checkpoint-1's weights
     assert logged(resumed, RESYNCS_METRIC)[-2:] == [0, 0]
+
+
+class Answers200(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_session_retries_a_server_that_comes_up_late_and_the_watch_gives_up_after_the_timeout(tmp_path):
+    """Retries alone absorb a short outage (urllib3 `Retry`, backoff 0, 1, 2, 4 s): a POST sent while nothing listens
+    succeeds once a server comes up 1.5 s later; a plain session fails at once. A server that stays away is waited for
+    `timeout` s by the watch of the disk sync, which then raises one line; in nccl mode it stops at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    with pytest.raises(requests.ConnectionError):
+        requests.Session().post(f"{url}/v1/completions", json={})
+    holder = {}
+
+    def serve_late():
+        time.sleep(1.5)
+        holder["server"] = HTTPServer(("127.0.0.1", port), Answers200)
+        holder["server"].serve_forever()
+
+    threading.Thread(target=serve_late, daemon=True).start()
+    start = time.monotonic()
+    response = mount_retries(requests.Session()).post(f"{url}/v1/completions", json={})
+    waited = time.monotonic() - start
+    holder["server"].shutdown()
+    holder["server"].server_close()
+    assert response.status_code == 200 and 1.5 <= waited < 7.5, waited
+
+    start = time.monotonic()
+    with pytest.raises(ServerDownError) as down:
+        DiskWeightSync(url, str(tmp_path), server_timeout=2).watch.ready()  # no server there any more
+    assert 2 <= time.monotonic() - start < 6
+    assert str(down.value) == f"The vLLM server at {url} did not answer for 2 s (vllm_server_timeout=2 s)"
+    with pytest.raises(ServerDownError, match="its weights cannot be checked in nccl mode"):
+        ServerWatch(url, timeout=2).ready()
