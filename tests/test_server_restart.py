@@ -7,8 +7,11 @@ sampled tokens (`sampling/sampling_logp_difference/max`): a server generating fr
 shows a gap orders of magnitude above 1e-4 (`test_vllm_server.py::test_without_a_sync_the_server_falls_behind`).
 The tests share one server of their own (not the session's: they kill it), started once and restarted twice."""
 
+import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -22,6 +25,7 @@ from or1_trl.server_health import RESYNCS_METRIC, RETRY, ServerDownError, Server
 from or1_trl.weight_sync import DiskWeightSync
 
 from .conftest import VLLMServer, require_or_skip
+from .test_distributed import ROOT, free_port
 from .test_trainer import ScriptedReward, logged, tagged_dataset
 from .test_vllm_server import DIFF, TOL, model_logprobs, server_logprobs, tied_trainer
 
@@ -113,6 +117,25 @@ def test_a_server_down_too_long_stops_with_a_complete_checkpoint_and_resume_uses
     diffs = logged(resumed, DIFF)[-2:]  # log_history holds the first run's step 1 too
     assert len(diffs) == 2 and max(diffs) < TOL, diffs  # its first rollout already came from checkpoint-1's weights
     assert logged(resumed, RESYNCS_METRIC)[-2:] == [0, 0]
+
+
+def test_two_trainer_processes_stop_together_when_the_server_dies_mid_step(server, tmp_path):
+    """2 processes (gloo): rank 0 alone talks to the server, which dies before step 2's refill round. Rank 1 waits
+    for the completions in TRL's broadcast; the main process's ServerDownError reaches it, both take part in the
+    checkpoint and stop with the same line (the server is left down: this is the module's last use of it)."""
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", os.path.join(ROOT, "configs/accelerate/cpu_2proc.yaml"), "--main_process_port", str(free_port()),
+        os.path.join(ROOT, "tests/distributed/vllm_server_down_2proc.py"), str(tmp_path), server.url,
+        str(server.process.pid),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, "OR1_VLLM_API_KEY": server.api_key}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"down_rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["error"] == ranks[1]["error"] and ranks[0]["step"] == ranks[1]["step"] == 1
+    assert "did not answer for" in ranks[0]["error"] and "checkpoint-1 is complete" in ranks[0]["error"]
+    assert checkpoint.verify(str(tmp_path / "checkpoint-1"), ranks[0]["files"]) == []
 
 
 class Answers200(BaseHTTPRequestHandler):
