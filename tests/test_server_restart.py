@@ -43,38 +43,43 @@ def server(tmp_path_factory):
 
 
 class KillsTheServerMidStep(ScriptedReward):
-    """`ScriptedReward` (every group "MIX": informative) that, at its `at`-th call — a step's first rollout —
-    kills the server by pid, starts it again in a thread (about 40 s, while training goes on) and scores that
-    rollout all 0, so that rejection refills the step: the refill round generates on the restarted server, which
-    holds its initial weights (version 0) while the trainer's are those of the step's push."""
+    """`ScriptedReward` (every group "MIX": informative) that, at its `at`-th call — a step's first rollout — calls
+    `kill()` and scores that rollout all 0, so that rejection refills the step: the refill round generates on
+    whatever server is there then."""
 
-    def __init__(self, server, at: int):
+    def __init__(self, kill, at: int):
         super().__init__()
-        self.server, self.at, self.calls, self.restart = server, at, 0, None
-        self.killed_pid = None
+        self.kill, self.at, self.calls = kill, at, 0
 
     def __call__(self, prompts, completions, **kwargs):
         self.calls += 1
         rewards = super().__call__(prompts, completions, **kwargs)
         if self.calls != self.at:
             return rewards
-        self.killed_pid = self.server.process.pid
-        self.server.kill()
-        self.restart = threading.Thread(target=self.server.start)
-        self.restart.start()
+        self.kill()
         return [0.0] * len(rewards)
 
 
 def test_training_waits_for_a_restarted_server_and_resyncs_it(server, tmp_path):
-    reward = KillsTheServerMidStep(server, at=2)  # step 2's first rollout; step 1 trained, so weights moved
+    killed = {}
+
+    def kill_and_restart():  # by pid, then start it again in a thread (~30 s) while training goes on
+        killed["pid"] = server.process.pid
+        server.kill()
+        killed["restart"] = threading.Thread(target=server.start)
+        killed["restart"].start()
+
+    # At step 2's first rollout (step 1 trained, so the weights moved): the restarted server holds its initial
+    # weights (version 0) when the step's refill round asks it to generate.
+    reward = KillsTheServerMidStep(kill_and_restart, at=2)
     trainer = tied_trainer(server, tmp_path, reward=reward, dataset=tagged_dataset(["MIX"] * 16),
                            rejection_refill_rounds=1, vllm_server_timeout=600)
     client = trainer.vllm_generation.vllm_client
     assert client.session.get_adapter(server.url).max_retries.total == RETRY["total"]  # ours, not TRL's
     trainer.train()
-    reward.restart.join()
+    killed["restart"].join()
 
-    assert reward.calls == 4 and server.process.pid != reward.killed_pid  # the refill ran on the new server
+    assert reward.calls == 4 and server.process.pid != killed["pid"]  # the refill ran on the new server
     assert trainer.state.global_step == 3
     assert logged(trainer, RESYNCS_METRIC) == [0, 1, 1]  # step 2's refill: the restarted server got v2 first
     diffs = logged(trainer, DIFF)  # step 2's is the mean over its first rollout and the refill

@@ -12,22 +12,8 @@ import sys
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.server_health import ServerDownError
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
-from tests.test_trainer import ScriptedReward, tagged_dataset
-
-
-class KillsTheServerAtCall2(ScriptedReward):
-    def __init__(self, pid: int):
-        super().__init__()
-        self.pid, self.calls = pid, 0
-
-    def __call__(self, prompts, completions, **kwargs):
-        self.calls += 1
-        rewards = super().__call__(prompts, completions, **kwargs)
-        if self.calls != 2:
-            return rewards
-        if os.environ.get("RANK", "0") == "0":
-            os.killpg(self.pid, signal.SIGKILL)
-        return [0.0] * len(rewards)
+from tests.test_server_restart import KillsTheServerMidStep
+from tests.test_trainer import tagged_dataset
 
 
 def main(output_dir, url, pid):
@@ -37,7 +23,12 @@ def main(output_dir, url, pid):
         vllm_server_base_url=url, vllm_weight_sync="disk", generation_kwargs={"ignore_eos": True},
         rejection_refill_rounds=1, vllm_server_timeout=3,
     ))
-    trainer = OR1Trainer(model, KillsTheServerAtCall2(int(pid)), args=args, train_dataset=tagged_dataset(["MIX"] * 16),
+
+    def kill():  # rank 0, by pid; the server stays down
+        if os.environ.get("RANK", "0") == "0":
+            os.killpg(int(pid), signal.SIGKILL)
+
+    trainer = OR1Trainer(model, KillsTheServerMidStep(kill, at=2), args=args, train_dataset=tagged_dataset(["MIX"] * 16),
                          processing_class=tokenizer)
     error = None
     try:
