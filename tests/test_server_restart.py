@@ -18,11 +18,13 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 import requests
+import torch
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from or1_trl import checkpoint
 from or1_trl.server_health import RESYNCS_METRIC, RETRY, ServerDownError, ServerWatch, mount_retries
-from or1_trl.weight_sync import DiskWeightSync
+from or1_trl.testing import tiny_model_and_tokenizer
+from or1_trl.weight_sync import DiskWeightSync, http_vllm_client
 
 from .conftest import VLLMServer, require_or_skip
 from .test_distributed import ROOT, free_port
@@ -122,6 +124,43 @@ def test_a_server_down_too_long_stops_with_a_complete_checkpoint_and_resume_uses
     diffs = logged(resumed, DIFF)[-2:]  # log_history holds the first run's step 1 too
     assert len(diffs) == 2 and max(diffs) < TOL, diffs  # its first rollout already came from checkpoint-1's weights
     assert logged(resumed, RESYNCS_METRIC)[-2:] == [0, 0]
+
+
+def test_a_request_cut_off_by_the_server_dying_is_asked_again_once_it_is_back_and_resynced(server, tmp_path):
+    """The server is killed by pid while it generates (at a quarter of the time the same request takes uncut) and
+    restarted: the client's request fails past its retries, the watch waits, resyncs the new server and asks again;
+    the completions it returns are scored by the pushed weights (not the server's initial ones)."""
+    model, tokenizer = tiny_model_and_tokenizer(seed=5, tie_word_embeddings=True)  # the server started with seed 0
+    client = http_vllm_client(base_url=server.url, connection_timeout=60, api_key=server.api_key)
+    sync = DiskWeightSync(server.url, str(tmp_path), client.session, server_timeout=600)
+    client.watch = sync.watch
+    sync.push(model.named_parameters())
+    prompt = tokenizer("MIX: 3+3=? A:")["input_ids"]
+    request = dict(prompts=[prompt], n=8, max_tokens=900, generation_kwargs={"ignore_eos": True, "seed": 0})
+    client.generate(**request)  # warm-up
+    start = time.monotonic()
+    client.generate(**request)
+    uncut = time.monotonic() - start
+    killed = {}
+
+    def kill_and_restart():
+        killed["pid"] = server.process.pid
+        server.kill()
+        server.start()
+
+    restart = threading.Timer(uncut / 4, kill_and_restart)
+    start = time.monotonic()
+    restart.start()
+    output = client.generate(**request)
+    waited = time.monotonic() - start
+    restart.join()
+    assert server.process.pid != killed["pid"] and waited > uncut + 5, (uncut, waited)  # it went through a restart
+    assert sync.watch.resyncs == 1 and sync.server_versions() == {1}
+    completion = output["completion_ids"][0]
+    assert len(completion) == 900
+    expected = model_logprobs(model, prompt + completion)[len(prompt) - 1 :]
+    served = torch.tensor([lp[0] for lp in output["logprobs"][0]])
+    assert (served - expected).abs().max().item() < TOL
 
 
 def test_two_trainer_processes_stop_together_when_the_server_dies_mid_step(server, tmp_path):
