@@ -5,7 +5,8 @@ a resumed run's first rollout uses the resumed weights.
 Each test's claim is checked on TRL's own per-step gap between the server's and the trainer's log-probs of the
 sampled tokens (`sampling/sampling_logp_difference/max`): a server generating from other weights than the trainer's
 shows a gap orders of magnitude above 1e-4 (`test_vllm_server.py::test_without_a_sync_the_server_falls_behind`).
-The tests share one server of their own (not the session's: they kill it), started once and restarted twice."""
+The tests share one server of their own (not the session's: they kill it), started once and restarted three
+times (about 30 s each)."""
 
 import json
 import os
