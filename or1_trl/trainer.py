@@ -43,7 +43,7 @@ from transformers.utils import logging
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, get_config_model_id
 
-from . import checkpoint, model_card, stages
+from . import checkpoint, model_card, server_health, stages
 from .config import OR1Config, check_liger_layer_kernels
 from .data import check_datasets, check_prompts_fit, released_format_inputs
 from .entropy import AdaptiveEntropyController, StepWindow
@@ -357,7 +357,8 @@ class OR1Trainer(GRPOTrainer):
         return self._step_timer.phase(phase) if self.model.training else nullcontext()
 
     def _generate(self, prompts):
-        with self._timed("rollout"):
+        # vLLM server down past `vllm_server_timeout`: a complete checkpoint, then one line (`server_health.py`)
+        with self._timed("rollout"), server_health.stop_with_checkpoint(self):
             return super()._generate(prompts)
 
     def _prepare_inputs(self, generation_batch):

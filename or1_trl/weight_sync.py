@@ -18,6 +18,12 @@ sides can read:
 TRL's, unchanged, except that with both backends the trainer talks to the server through `OR1VLLMClient`, TRL's
 client whose session sends the server's API key (`OR1Config.vllm_server_api_key`, else `$OR1_VLLM_API_KEY`, else
 `$VLLM_API_KEY`; see `or1_trl/serve.py`) with every request.
+
+A server that fails or restarts mid-run (`or1_trl/server_health.py`): the client's session retries transient failures
+(urllib3 `Retry`); before each generation request the server must be healthy (waited for up to `vllm_server_timeout`)
+and, with the disk sync, hold the trainer's weights version (`or1_weights_version` of the worker extension: 0 after a
+restart), else it reloads the latest pushed directory first (`vllm/resyncs`); a server down for longer stops the run
+on every rank together with a complete checkpoint.
 """
 
 from __future__ import annotations
@@ -30,14 +36,16 @@ from contextlib import contextmanager
 from functools import partial
 
 import torch
+from accelerate.utils import broadcast_object_list
 from trl.generation import vllm_generation
 from trl.generation.vllm_client import VLLMClient
 from trl.generation.vllm_generation import VLLMGeneration
 
 from .serve import authorize, resolve_api_key
+from .server_health import ServerDownError, ServerWatch, mount_retries
 
 #: Version of `or1_vllm_worker.OR1WorkerExtension` this trainer speaks to.
-WORKER_EXTENSION_VERSION = 1
+WORKER_EXTENSION_VERSION = 2
 SHARD_BYTES = 2 * 2**30  # safetensors shard size: bounds the CPU copies held at once on the writing rank
 
 
@@ -81,23 +89,28 @@ class DiskWeightSync:
         session: a `requests.Session` (TRL's `VLLMClient.session`, which sends the key); default: a new one sending
             `api_key`.
         api_key: the server's key, for the default session; default: `resolve_api_key()` (the environment).
+        server_timeout: seconds the server may stay unreachable (`vllm_server_timeout`) before `ServerDownError`.
 
     Attributes:
+        version (`int`): weights version of the last push (0: none yet), which the server reports once it loaded it.
+        watch (`server_health.ServerWatch`): waits for the server, resyncs it (`reload`) when its version differs.
         last_seconds (`float`): wall time of the last `push` (write + reload + cache reset).
         last_bytes (`int`): bytes written by the last `push`.
     """
 
-    def __init__(self, base_url: str, sync_dir: str, session=None, api_key: str | None = None):
+    def __init__(self, base_url: str, sync_dir: str, session=None, api_key: str | None = None,
+                 server_timeout: float = 240.0):
         import requests
 
         self.base_url = base_url.rstrip("/")
         self.sync_dir = os.path.abspath(sync_dir)
-        self.session = session or authorize(requests.Session(), resolve_api_key(api_key))
+        self.session = session or mount_retries(authorize(requests.Session(), resolve_api_key(api_key)))
         self.version = 0
+        self.watch = ServerWatch(self.base_url, server_timeout, weights=self)
         self.last_seconds = 0.0
         self.last_bytes = 0
 
-    def _rpc(self, method: str, **kwargs: str):
+    def _rpc(self, method: str, **kwargs):
         response = self.session.post(f"{self.base_url}/collective_rpc", json={"method": method, "kwargs": kwargs})
         if response.status_code != 200:
             raise RuntimeError(
@@ -127,26 +140,40 @@ class DiskWeightSync:
                 f"{WORKER_EXTENSION_VERSION}: restart the server with this or1-trl. {how}"
             )
 
+    def _directory(self, version: int) -> str:
+        return os.path.join(self.sync_dir, f"weights-{version:06d}")
+
     def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Write the weights, have the server load them, reset its prefix cache; remove the previous version."""
+        """Write the weights, have the server load them (waiting for it if it is down: `watch`), reset its prefix
+        cache; remove the previous version."""
         start = time.perf_counter()
-        self.version += 1
-        final = os.path.join(self.sync_dir, f"weights-{self.version:06d}")
+        final = self._directory(self.version + 1)
         partial = final + ".partial"
         shutil.rmtree(partial, ignore_errors=True)
         _, self.last_bytes = write_safetensors(named_tensors, partial)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(partial, final)  # the server only ever sees complete directories
-        self._rpc("or1_reload_weights", weights_path=final)
-        self.session.post(f"{self.base_url}/reset_prefix_cache").raise_for_status()
-        previous = os.path.join(self.sync_dir, f"weights-{self.version - 1:06d}")
-        shutil.rmtree(previous, ignore_errors=True)
+        self.version += 1
+        self.watch.call(self.reload, check_weights=False)
+        shutil.rmtree(self._directory(self.version - 1), ignore_errors=True)
         self.last_seconds = time.perf_counter() - start
+
+    def reload(self) -> None:
+        """Have the server load the latest pushed weights (tagging them with `version`) and reset its prefix cache
+        (cached KV blocks were computed with the old weights)."""
+        self._rpc("or1_reload_weights", weights_path=self._directory(self.version), version=self.version)
+        self.session.post(f"{self.base_url}/reset_prefix_cache").raise_for_status()
+
+    def server_versions(self) -> set[int]:
+        """The weights versions the server's workers hold (0: the weights it started with)."""
+        return {int(v) for v in self._rpc("or1_weights_version")}
 
 
 class OR1VLLMClient(VLLMClient):
     """TRL's `VLLMClient` whose HTTP session sends `Authorization: Bearer <api_key>` with every request (`/health`
-    excepted: TRL polls it with a bare `requests.get`, and the server leaves it open), and explains a 401.
+    excepted: TRL polls it with a bare `requests.get`, and the server leaves it open), and explains a 401; it retries
+    transient failures (`server_health.RETRY`), and with a `watch` its generation requests wait for a healthy server
+    holding the trainer's weights (`server_health.ServerWatch`).
 
     Args:
         api_key: the server's key; default: `resolve_api_key()` (the environment), else none is sent.
@@ -155,7 +182,18 @@ class OR1VLLMClient(VLLMClient):
 
     def __init__(self, *args, api_key: str | None = None, **kwargs):
         self.api_key = resolve_api_key(api_key)
+        self.watch: ServerWatch | None = None
         super().__init__(*args, **kwargs)  # its first request (`/v1/models`) already goes through the session
+        mount_retries(self.session)  # ours in place of TRL's (5 tries, up to a minute of backoff): the watch waits
+
+    def generate(self, *args, **kwargs):
+        return self._watched(super().generate, *args, **kwargs)
+
+    def chat(self, *args, **kwargs):
+        return self._watched(super().chat, *args, **kwargs)
+
+    def _watched(self, request, *args, **kwargs):
+        return request(*args, **kwargs) if self.watch is None else self.watch.call(request, *args, **kwargs)
 
     @property
     def session(self):
@@ -206,6 +244,7 @@ class OR1VLLMGeneration(VLLMGeneration):
         self.sync_dir = sync_dir
         self.api_key = api_key
         self.disk_sync: DiskWeightSync | None = None
+        self.resyncs = 0  # the server's resyncs so far (`server_health`), the same on every rank
         super().__init__(*args, **kwargs)
 
     @property
@@ -215,7 +254,10 @@ class OR1VLLMGeneration(VLLMGeneration):
     def _init_vllm(self):
         if not self._uses_disk:  # TRL's, building our client (with the key) where it builds its own
             with _swapped(vllm_generation, "VLLMClient", partial(OR1VLLMClient, api_key=self.api_key)):
-                return super()._init_vllm()
+                super()._init_vllm()
+            if self.mode == "server" and self.accelerator.is_main_process:
+                self.vllm_client.watch = ServerWatch(self.vllm_client.base_url, self.server_timeout)
+            return
         # Server mode without NCCL: the trainer talks HTTP only, so vLLM need not be installed on the trainer side.
         if self.accelerator.is_main_process:
             base_url = self.server_base_url or f"http://{self.server_host}:{self.server_port}"
@@ -223,19 +265,49 @@ class OR1VLLMGeneration(VLLMGeneration):
                 base_url=base_url, group_port=self.group_port, connection_timeout=self.server_timeout,
                 api_key=self.api_key,
             )
-            self.disk_sync = DiskWeightSync(self.vllm_client.base_url, self.sync_dir, self.vllm_client.session)
+            self.disk_sync = DiskWeightSync(self.vllm_client.base_url, self.sync_dir, self.vllm_client.session,
+                                            server_timeout=self.server_timeout)
             self.disk_sync.check_server()
+            self.vllm_client.watch = self.disk_sync.watch
         self.accelerator.wait_for_everyone()
 
     def sync_weights(self):
         if not self._uses_disk:
             return super().sync_weights()
         params = self._iter_named_params()  # every rank iterates: gathering shards is collective
+        failure = None
         if self.accelerator.is_main_process:
-            self.disk_sync.push(params)
+            try:
+                self.disk_sync.push(params)
+            except ServerDownError as error:
+                failure = str(error)
         else:
             _consume(params)
         self.accelerator.wait_for_everyone()  # no rank generates before the server holds the new weights
+        self._share_outcome(failure)
+
+    def generate(self, *args, **kwargs):
+        if self.mode != "server":
+            return super().generate(*args, **kwargs)
+        try:  # the main process's request goes through the watch: a healthy server holding the trainer's weights
+            output, failure = super().generate(*args, **kwargs), None
+        except ServerDownError as error:
+            if self.accelerator.num_processes > 1:  # the main process left before TRL's broadcast of the completions:
+                broadcast_object_list([([], [], None, None)], from_process=0)  # release the ranks waiting in it
+            output, failure = None, str(error)
+        self._share_outcome(failure)
+        return output
+
+    def _share_outcome(self, failure: str | None) -> None:
+        """Every rank learns the main process's outcome (its `ServerDownError`, the resync count), and all raise
+        together, so that all of them take part in the checkpoint that follows."""
+        watch = getattr(getattr(self, "vllm_client", None), "watch", None)  # on the main process only
+        outcome = [(failure, watch.resyncs if watch is not None else self.resyncs)]
+        if self.accelerator.num_processes > 1:
+            broadcast_object_list(outcome, from_process=0)
+        failure, self.resyncs = outcome[0]
+        if failure is not None:
+            raise ServerDownError(failure)
 
 
 @contextmanager

@@ -70,16 +70,16 @@ class VLLMServer:
     (in `$OR1_VLLM_API_KEY`, as users are told to pass it): every route but `/health` needs the key.
 
     Attributes: `url`, `model_path` (the tied tiny model it serves), `log_path`, `api_key`, `headers` (the
-    `Authorization` header for plain `requests` calls)."""
+    `Authorization` header for plain `requests` calls). `kill()` kills it by pid (SIGKILL to its process group),
+    `start()` starts it again on the same port with the same key."""
 
     def __init__(self, python: str, workdir, extra_args: tuple[str, ...] = ()):
         import secrets
         import signal
         import socket
-        import subprocess
         import sys
 
-        from or1_trl.serve import API_KEY_ENV, wait_for_health
+        from or1_trl.serve import API_KEY_ENV
         from or1_trl.testing import VLLM_CPU_ARGS, save_tiny_model, tiny_model_and_tokenizer
 
         # Tied embeddings: the case where vLLM's CPU backend keeps a stale lm_head unless the extension re-packs it.
@@ -92,17 +92,30 @@ class VLLMServer:
         self.log_path = workdir / "vllm_server.log"
         self.api_key = secrets.token_urlsafe(32)
         self.headers = {"Authorization": f"Bearer {self.api_key}"}
-        self._log = open(self.log_path, "w")
-        command = [sys.executable, "-m", "or1_trl.cli", "serve", self.model_path, "--weight-sync", "disk",
-                   "--host", "127.0.0.1", "--port", str(port), "--python", python, *VLLM_CPU_ARGS, *extra_args]
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                        env={**os.environ, API_KEY_ENV: self.api_key})
+        self._command = [sys.executable, "-m", "or1_trl.cli", "serve", self.model_path, "--weight-sync", "disk",
+                         "--host", "127.0.0.1", "--port", str(port), "--python", python, *VLLM_CPU_ARGS, *extra_args]
+        self._env = {**os.environ, API_KEY_ENV: self.api_key}
         self._signal = signal
+        self.start()
+
+    def start(self):
+        import subprocess
+
+        from or1_trl.serve import wait_for_health
+
+        self._log = open(self.log_path, "a")
+        self.process = subprocess.Popen(self._command, stdout=self._log, stderr=subprocess.STDOUT,
+                                        start_new_session=True, env=self._env)
         try:
             wait_for_health(self.url, self.process, timeout=600)
         except BaseException:
             self.stop()
             raise RuntimeError(f"vLLM server did not start:\n{self.log()[-4000:]}")
+
+    def kill(self):
+        os.killpg(self.process.pid, self._signal.SIGKILL)
+        self.process.wait()
+        self._log.close()
 
     def log(self) -> str:
         return self.log_path.read_text()

@@ -187,11 +187,21 @@ CONTRACT: list[Use] = [
     Use(VLLM_GENERATION, "_iter_named_params", METHOD, "self",
         "weight_sync.py calls it: the weights to push (gathered on every rank)"),
     Use(VLLM_GENERATION, "vllm_client", ATTRIBUTE, None, "weight_sync.py sets the HTTP-only client"),
+    Use(VLLM_GENERATION, "generate", METHOD, "self, prompts, images, num_generations, profiler=",
+        "weight_sync.py overrides: the main process's ServerDownError reaches every rank (server_health.py); it "
+        "relies on TRL's server path broadcasting one 4-tuple (prompt_ids, completion_ids, logprobs, "
+        "logprob_token_ids) from process 0 after the request, which the main process sends empty to release the others"),
+    Use(VLLM_GENERATION, "server_timeout", ATTRIBUTE, None,
+        "weight_sync.py reads it (vllm_server_timeout): how long ServerWatch waits for a server that is down",
+        scanned=False),
     Use(VLLM_GENERATION, "max_completion_length", ATTRIBUTE, None, "trainer.py writes it at a stage start",
         scanned=False),
     Use(VLLM_GENERATION, "temperature", ATTRIBUTE, None, "trainer.py writes it at a stage start", scanned=False),
     Use(VLLM_CLIENT, "__init__", METHOD, "self, base_url=, host=, server_port=, group_port=, connection_timeout=, ...",
         "weight_sync.py: OR1VLLMClient(base_url=, group_port=, connection_timeout=)"),
+    Use(VLLM_CLIENT, "generate", METHOD, "self, prompts, ...",
+        "weight_sync.py overrides: OR1VLLMClient sends it through ServerWatch (health, weights version, re-request)"),
+    Use(VLLM_CLIENT, "chat", METHOD, "self, messages, ...", "weight_sync.py overrides: as generate"),
     Use(VLLM_CLIENT, "session", ATTRIBUTE, None,
         "weight_sync.py shadows it with a property: the session VLLMClient.__init__ creates gets the API key"),
     # --- OR1Config(GRPOConfig) -----------------------------------------------------------------------------------

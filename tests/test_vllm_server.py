@@ -18,7 +18,7 @@ import torch
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.serve import API_KEY_ENV, AUTH_MIDDLEWARE, ServerKeyError, build_command
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
-from or1_trl.weight_sync import DiskWeightSync
+from or1_trl.weight_sync import WORKER_EXTENSION_VERSION, DiskWeightSync
 
 from .test_distributed import ROOT, free_port
 from .test_trainer import G, ScriptedReward, logged, tagged_dataset
@@ -196,8 +196,8 @@ def test_a_server_with_another_extension_version_is_refused(vllm_server, tmp_pat
     from or1_trl import weight_sync
 
     DiskWeightSync(vllm_server.url, str(tmp_path)).check_server()
-    monkeypatch.setattr(weight_sync, "WORKER_EXTENSION_VERSION", 2)
-    with pytest.raises(RuntimeError, match=r"version \[1\], this trainer needs 2.*or1-trl serve MODEL --weight-sync disk"):
+    monkeypatch.setattr(weight_sync, "WORKER_EXTENSION_VERSION", 3)
+    with pytest.raises(RuntimeError, match=r"version \[2\], this trainer needs 3.*or1-trl serve MODEL --weight-sync disk"):
         DiskWeightSync(vllm_server.url, str(tmp_path)).check_server()
 
 
@@ -277,7 +277,7 @@ def test_every_route_but_health_needs_the_key(vllm_server):
                                json={"model": vllm_server.model_path, "prompt": "1", "max_tokens": 2})
     assert completion.status_code == 200 and completion.json()["usage"]["completion_tokens"] == 2
     rpc = requests.post(f"{url}/collective_rpc", json={"method": "or1_extension_version"}, **keyed)
-    assert rpc.status_code == 200 and [int(v) for v in rpc.json()["results"]] == [1]
+    assert rpc.status_code == 200 and [int(v) for v in rpc.json()["results"]] == [WORKER_EXTENSION_VERSION]
     assert vllm_server.api_key not in vllm_server.log()  # neither `or1-trl serve` nor vLLM logged it
 
 

@@ -10,11 +10,15 @@ once, after loading (`dispatch_cpu_unquantized_gemm`). With tied embeddings `lm_
 the checkpoint, so `reload_weights` refreshes `embed_tokens` but never re-packs `lm_head`, which keeps computing
 logits with the first weights it saw. `or1_reload_weights` reloads, then re-packs every CPU layer whose weight is
 shared with another module.
+
+The trainer tags each push with a weights version (`or1_reload_weights(..., version=n)`, reported by
+`or1_weights_version`): a server that restarted reports 0, so the trainer knows to send it its weights again
+before it generates anything (`or1_trl/server_health.py`).
 """
 
 from __future__ import annotations
 
-EXTENSION_VERSION = 1
+EXTENSION_VERSION = 2
 
 
 class OR1WorkerExtension:
@@ -22,10 +26,19 @@ class OR1WorkerExtension:
         """Lets the trainer check, before training, that the server was started with this extension."""
         return EXTENSION_VERSION
 
-    def or1_reload_weights(self, weights_path: str) -> int:
-        """Reload the weights in place from the safetensors in `weights_path`; return how many layers were re-packed."""
+    def or1_weights_version(self) -> int:
+        """The version of the weights this worker holds: the `version` of its last `or1_reload_weights`, 0 (the
+        weights it started with) until then, so 0 after a restart."""
+        return getattr(self, "_or1_weights_version", 0)
+
+    def or1_reload_weights(self, weights_path: str, version: int | None = None) -> int:
+        """Reload the weights in place from the safetensors in `weights_path`, then hold `version` as their version;
+        return how many layers were re-packed."""
         self.reload_weights(weights_path=weights_path)
-        return _repack_tied_cpu_layers(self.model_runner.get_model())
+        repacked = _repack_tied_cpu_layers(self.model_runner.get_model())
+        if version is not None:  # only once the weights are in place
+            self._or1_weights_version = int(version)
+        return repacked
 
 
 def _repack_tied_cpu_layers(model) -> int:
