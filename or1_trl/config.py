@@ -11,6 +11,7 @@ import torch
 from transformers.utils import logging
 from trl import GRPOConfig
 
+from .advantages import TRUNCATED_ADVANTAGE_MASKS
 from .entropy import ENTROPY_PRESETS
 from .logprobs import LOGPROB_BACKENDS, liger_available
 from .loss import TOKEN_SUM_LOSSES
@@ -105,6 +106,13 @@ class OR1Config(GRPOConfig):
             When rejection leaves fewer informative groups than a rollout batch asks for, generate up to this many
             more rounds from the pool and keep informative groups until the batch is full (DAPO's dynamic
             sampling; not in Skywork's code). 0: off.
+        truncated_advantage_mask (`str`, *optional*, defaults to `"none"`):
+            The advantage masks for truncated responses of the paper's ablation (§3.2.3, `or1_trl/advantages.py`):
+            `"none"` (the paper's choice: truncated responses keep their reward and advantage), `"after"` (they stay
+            in the group's mean and std, then get advantage 0) or `"before"` (they leave the group's statistics
+            too and get advantage 0; rejection sampling then judges a group on its non-truncated rewards). Their
+            tokens stay in T_k and the entropy term; TRL's `mask_truncated_completions` instead removes them from
+            the loss altogether, group statistics untouched.
         entropy_collapse_fraction (`float`, *optional*, defaults to `0.5`):
             The entropy-collapse warning (`or1_trl/observability.py`) fires once when the entropy stays below this
             fraction of `entropy_target` for `entropy_collapse_steps` steps while the controller is saturated
@@ -257,6 +265,16 @@ class OR1Config(GRPOConfig):
         metadata={
             "help": "When rejection leaves fewer informative groups than the batch asks for, generate up to this "
             "many more rounds from the pool to fill it (DAPO dynamic sampling). 0: off."
+        },
+    )
+
+    truncated_advantage_mask: str = field(
+        default="none",
+        metadata={
+            "help": "Advantage mask for truncated responses (paper §3.2.3): 'none' (the paper's choice), 'after' "
+            "(they stay in the group mean/std, then get advantage 0) or 'before' (they leave the group mean/std "
+            "too and get advantage 0).",
+            "choices": list(TRUNCATED_ADVANTAGE_MASKS),
         },
     )
 
@@ -512,6 +530,7 @@ class OR1Config(GRPOConfig):
             ("top_entropy_normalization", TOP_ENTROPY_NORMALIZATIONS),
             ("logprob_backend", LOGPROB_BACKENDS),
             ("nonfinite_rewards", NONFINITE_REWARD_MODES),
+            ("truncated_advantage_mask", TRUNCATED_ADVANTAGE_MASKS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {list(allowed)}.")

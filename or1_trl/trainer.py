@@ -44,6 +44,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, get_config_model_id
 
 from . import checkpoint, model_card, server_health, stages
+from .advantages import leave_group_statistics, zero_truncated
 from .config import OR1Config, check_liger_layer_kernels
 from .data import check_datasets, check_prompts_fit, released_format_inputs
 from .entropy import AdaptiveEntropyController, StepWindow
@@ -109,6 +110,7 @@ class OR1Trainer(GRPOTrainer):
         self.entropy_controller = AdaptiveEntropyController.for_config(args)
         self._or1_loss_enabled = is_or1 and args.or1_loss_enabled
         self._rejection_mode = args.rejection_sampling if is_or1 else "off"
+        self._truncated_mask = args.truncated_advantage_mask if is_or1 else "none"
         self._entropy_window = StepWindow()  # e_k over the micro-steps of the current optimizer step
         self._rollouts: dict[str, Rollout] = {}  # the last rollout's side data, per mode ("train", "eval")
         self._nonfinite = NonfiniteRewards()  # inf/NaN rewards: warned about once per run
@@ -189,12 +191,20 @@ class OR1Trainer(GRPOTrainer):
                                  device=rewards_per_func.device)  # [b, 3]
             rollout.rows = self.accelerator.gather(local)  # [B*G, 3]
             self._log_metrics(accuracy_metrics(rollout.rewards, rollout.rows[:, 1]))
+            if self._truncated_mask == "before":  # truncated rows leave the group statistics (§3.2.3, `advantages.py`)
+                rewards_per_func = leave_group_statistics(rewards_per_func, rollout.rows[:, 1])
+                rollout.group_rewards = scalar_rewards(rewards_per_func, self.reward_weights)
         self._rollouts["train" if self.model.training else "eval"] = rollout
         return rewards_per_func
 
     def _scored(self, inputs):
-        """TRL's rollout batch, with our rollout correction toward the generator (`rollout_correction.py`)."""
+        """TRL's rollout batch, with our rollout correction toward the generator (`rollout_correction.py`) and the
+        truncated responses' advantage mask (`advantages.py`)."""
         batch = super()._generate_and_score_completions(inputs)
+        if self._truncated_mask != "none" and self.model.training:  # this rank's rows: advantage 0 where truncated
+            start = self.accelerator.process_index * len(batch["advantages"])
+            truncated = self._rollouts["train"].rows[start : start + len(batch["advantages"]), 1]  # [b]
+            batch["advantages"] = zero_truncated(batch["advantages"], truncated)
         if self._rollout_correction is not None:
             mode = "train" if self.model.training else "eval"
             self._warn(*self._rollout_correction.apply(batch, self.accelerator.gather, self._metrics[mode], mode == "train"))
@@ -216,10 +226,10 @@ class OR1Trainer(GRPOTrainer):
                 start = self.accelerator.process_index * len(inputs)
                 extra = self._scored([self.train_dataset[index] for index in rows[start : start + len(inputs)]])
                 self._record_prompt_stats(self._rollouts["train"], refill=True)
-                return extra, self._rollouts["train"].rewards
+                return extra, self._rollouts["train"].judged_rewards
 
             num_groups = len(rollout.rewards) // self.num_generations
-            rejection = reject(batch, rollout.rewards, self.num_generations, self._rejection_mode,
+            rejection = reject(batch, rollout.judged_rewards, self.num_generations, self._rejection_mode,
                                self.accelerator.process_index, self.args.steps_per_generation,
                                self._tokenizer.pad_token_id, self.args.rejection_refill_rounds, more)
             batch, rollout.outcomes = rejection.batch, rejection.outcomes
