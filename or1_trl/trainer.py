@@ -10,7 +10,8 @@ One step k = one generation batch, on-policy; each hook is a few lines calling a
 1. `_calculate_rewards`: the rollout's record (`rollout.Rollout`): rewards of all ranks, each row's prompt,
    truncation and length; a returned inf/NaN is an error, or scored 0 and counted (`reward_checks.py`).
 2. `_generate_and_score_completions`: the **rollout correction** toward the generator replaces TRL's
-   `importance_sampling_ratio` of every rollout batch, with its diagnostics (`rollout_correction.py`);
+   `importance_sampling_ratio` of every rollout batch, with its diagnostics (`rollout_correction.py`); the
+   **advantage masks for truncated responses** (§3.2.3, `advantages.py`), if chosen;
    **per-prompt statistics** (`PromptSchedule.record`); **rejection sampling**
    (`rejection.reject`): all-equal groups leave the batch (T~_k), optionally refilled from the pool; T_k recounted
    over the kept tokens of all ranks. In evaluation: avg@n and pass@k (`evaluation.py`).
