@@ -15,6 +15,7 @@ from .advantages import TRUNCATED_ADVANTAGE_MASKS
 from .entropy import ENTROPY_PRESETS
 from .logprobs import LOGPROB_BACKENDS, liger_available
 from .loss import TOKEN_SUM_LOSSES
+from .packing import PACKABLE_ATTENTION
 from .paths import output_dir_problem
 from .rollout_correction import DEFAULT_CAP, DEFAULT_ROLLOUT_CORRECTION, ROLLOUT_CORRECTIONS
 from .serve import WEIGHT_SYNC_BACKENDS, default_weight_sync
@@ -140,6 +141,15 @@ class OR1Config(GRPOConfig):
             fused linear scaled cross-entropy inside TRL's head; an error where Liger cannot run the model) or
             `"auto"` (`"liger"` on CPU, where `benchmarks/memory.py` measured it lowest; `"trl"` on GPUs, not measured,
             and wherever Liger cannot run). Same loss, gradient and metrics within float tolerance.
+        padding_free (`bool`, *optional*, defaults to `False`):
+            Forward the log-prob passes (policy, old policy, reference) without padding (`or1_trl/packing.py`): each
+            row's real tokens end to end, `position_ids` restarting per sequence (transformers' block-diagonal mask);
+            the per-token results go back to TRL's padded layout, so the loss and metrics are unchanged. Text-only,
+            attention `"sdpa"`, `"eager"` or flash-attention. The padded pass stays the default until
+            `benchmarks/packing.py` measures the packed one on GPUs.
+        max_tokens_per_microbatch (`int` or `None`, *optional*, defaults to `None`):
+            With `padding_free`: at most this many real tokens per forward (a row longer gets a forward of its own);
+            `None`: one forward per micro-batch.
 
         max_prompt_length (`int` or `None`, *optional*, defaults to `None`):
             TRL 1.16 generates from whole prompts. `None`: a prompt longer than the context leaves after
@@ -342,6 +352,17 @@ class OR1Config(GRPOConfig):
         },
     )
 
+    padding_free: bool = field(
+        default=False,
+        metadata={"help": "Forward the log-prob passes without padding: rows packed end to end, position_ids restarting "
+                  "per sequence (text-only; sdpa, eager or flash attention)."},
+    )
+    max_tokens_per_microbatch: int | None = field(
+        default=None,
+        metadata={"help": "With padding_free: real tokens per packed forward at most (a longer row gets its own); "
+                  "None: one forward per micro-batch."},
+    )
+
     rollout_correction: str = field(
         default=DEFAULT_ROLLOUT_CORRECTION,
         metadata={
@@ -521,6 +542,15 @@ class OR1Config(GRPOConfig):
         problem = output_dir_problem(self.output_dir)
         if problem:
             raise ValueError(problem)
+        if self.max_tokens_per_microbatch is not None and not self.padding_free:
+            raise ValueError("max_tokens_per_microbatch is the packed forwards' budget: set padding_free=True with it.")
+        if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch < 1:
+            raise ValueError(f"max_tokens_per_microbatch={self.max_tokens_per_microbatch} must be at least 1 token.")
+        attention = (self.model_init_kwargs or {}).get("attn_implementation")
+        if self.padding_free and attention is not None and attention not in PACKABLE_ATTENTION:
+            raise ValueError(f"padding_free=True needs an attention that reads packed position_ids "
+                             f"({', '.join(PACKABLE_ATTENTION)}); attn_implementation={attention!r}: choose one of them "
+                             "or set padding_free=False.")
         if self.max_completion_length is not None and self.max_completion_length < 1:
             raise ValueError(f"max_completion_length={self.max_completion_length} must be at least 1 (tokens per "
                              "completion).")

@@ -53,6 +53,7 @@ from .evaluation import group_pass_at_k
 from .evaluation import read_summary as read_eval_summary
 from .logprobs import resolve_logprob_backend, use_liger_head
 from .loss import Normaliser, magic_loss, sampled_token_entropy, share
+from .packing import check_packable, fused_head_forward, packed_logps_and_entropies
 from .observability import (EntropyWatch, SaveFinalState, SkippedStepWatch, StepTimer, StepTimerCallback,
                             accuracy_metrics, close_progress_bars)
 from .prompts import PromptSchedule, prompt_ids
@@ -112,6 +113,7 @@ class OR1Trainer(GRPOTrainer):
         self._or1_loss_enabled = is_or1 and args.or1_loss_enabled
         self._rejection_mode = args.rejection_sampling if is_or1 else "off"
         self._truncated_mask = args.truncated_advantage_mask if is_or1 else "none"
+        self._padding_free = is_or1 and args.padding_free
         self._entropy_window = StepWindow()  # e_k over the micro-steps of the current optimizer step
         self._rollouts: dict[str, Rollout] = {}  # the last rollout's side data, per mode ("train", "eval")
         self._nonfinite = NonfiniteRewards()  # inf/NaN rewards: warned about once per run
@@ -267,8 +269,23 @@ class OR1Trainer(GRPOTrainer):
             if self.ref_model is not None:
                 use_liger_head(self.accelerator.unwrap_model(self.ref_model))
 
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        outputs = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **multimodal):
+        if self._padding_free:  # every pass (policy, old policy, reference) packed under the budget (`packing.py`)
+            check_packable(compute_aux_loss, multimodal)
+            logps, entropies, slots = packed_logps_and_entropies(
+                fused_head_forward(model, self.accelerator.autocast), input_ids, attention_mask, logits_to_keep,
+                self.args.max_tokens_per_microbatch, compute_entropy)
+            outputs = (logps, entropies, None)
+        else:
+            outputs = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **multimodal)
+            slots = input_ids.numel()
+        if self._policy_pass is not None and "outputs" not in self._policy_pass:  # the policy pass: its token fill
+            real, computed = self._sum_over_ranks(torch.tensor([attention_mask.sum().item(), slots],
+                                                               dtype=torch.float, device=attention_mask.device))
+            self._metrics["train" if self.model.training else "eval"]["update/token_fill"].append((real / computed).item())
         if self._policy_pass is not None:  # inside `_compute_loss`: TRL's policy pass, for the entropy term
             self._policy_pass.setdefault("outputs", outputs)
         return outputs
