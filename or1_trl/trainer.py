@@ -18,7 +18,8 @@ One step k = one generation batch, on-policy; each hook is a few lines calling a
 3. `_compute_loss`: **eq. 3.1** (`loss.magic_loss`): TRL's loss on the kept tokens, normalised over the kept groups,
    plus α_k·H normalised like it; **eq. 3.2**: the entropy controller (`entropy.py`) measures e_k and updates c.
 4. `_get_per_token_logps_and_entropies`: keeps TRL's policy pass for the entropy term (`logprob_backend="liger"`
-   binds Liger's kernel into the fused head of this trainer's models, `logprobs.use_liger_head`).
+   binds Liger's kernel into the fused head of this trainer's models, `logprobs.use_liger_head`); with
+   `padding_free`, every pass forwards the rows packed without padding (`packing.py`).
 5. `training_step`: a step with no trainable token on any rank skips the optimizer update (counted, warned about);
    with `_generate`, `_calculate_rewards` and `_prepare_inputs` it times the step's phases (`observability.py`).
 
