@@ -149,7 +149,7 @@ class OR1Config(GRPOConfig):
             `benchmarks/packing.py` measures the packed one on GPUs.
         max_tokens_per_microbatch (`int` or `None`, *optional*, defaults to `None`):
             With `padding_free`: at most this many real tokens per forward (a row longer gets a forward of its own);
-            `None`: one forward per micro-batch.
+            `None`: one forward per micro-batch. A stage may set its own (`stages[i].max_tokens_per_microbatch`).
 
         max_prompt_length (`int` or `None`, *optional*, defaults to `None`):
             TRL 1.16 generates from whole prompts. `None`: a prompt longer than the context leaves after
@@ -546,6 +546,8 @@ class OR1Config(GRPOConfig):
             raise ValueError("max_tokens_per_microbatch is the packed forwards' budget: set padding_free=True with it.")
         if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch < 1:
             raise ValueError(f"max_tokens_per_microbatch={self.max_tokens_per_microbatch} must be at least 1 token.")
+        if not self.padding_free and any(stage.max_tokens_per_microbatch is not None for stage in self.stage_list):
+            raise ValueError("a stage sets max_tokens_per_microbatch, the packed forwards' budget: set padding_free=True.")
         attention = (self.model_init_kwargs or {}).get("attn_implementation")
         if self.padding_free and attention is not None and attention not in PACKABLE_ATTENTION:
             raise ValueError(f"padding_free=True needs an attention that reads packed position_ids "

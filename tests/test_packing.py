@@ -65,29 +65,35 @@ def test_packed_logps_and_entropies_equal_the_padded_pass(backend, budget):
     assert model.lm_head.weight.grad is not None
 
 
-def train_run(tmp_path, **overrides):
+def train_run(tmp_path, peft=False, **overrides):
     model, tokenizer = tiny_model_and_tokenizer(seed=0)
+    peft_config = None
+    if peft:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
     overrides = {"learning_rate": 1e-3, **overrides}
     args = OR1Config(**tiny_training_args(tmp_path, max_completion_length=12,
                                           generation_kwargs={"sequence_bias": [[[0], 3.0]]}, **overrides))
     trainer = OR1Trainer(model, parity_reward, args=args, train_dataset=tagged_dataset(["MIX"] * 16),
-                         processing_class=tokenizer)
+                         processing_class=tokenizer, peft_config=peft_config)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     return trainer, before
 
 
-@pytest.mark.parametrize("rejection", ["compact", "off"])
-def test_two_steps_packed_end_with_the_padded_runs_parameters(tmp_path, rejection):
+@pytest.mark.parametrize("setting", [dict(rejection_sampling="compact"), dict(rejection_sampling="off"),
+                                     dict(gradient_checkpointing=True), dict(peft=True, learning_rate=5.0)],
+                         ids=["compact", "no-rejection", "gradient-checkpointing", "lora"])
+def test_two_steps_packed_end_with_the_padded_runs_parameters(tmp_path, setting):
     """Completions of very different lengths (EOS biased up: some end at once, some run to the cap); the packed run
     with a small budget ends where the padded run ends, and fills its forwards with real tokens only."""
     # SGD: Adam would turn float-rounding gradients of unused embeddings (~1e-10) into steps of the learning rate
-    padded, before = train_run(tmp_path / "padded", rejection_sampling=rejection, gradient_accumulation_steps=2, optim="sgd",
-                               learning_rate=0.5)
-    packed, _ = train_run(tmp_path / "packed", rejection_sampling=rejection, gradient_accumulation_steps=2,
-                          padding_free=True, max_tokens_per_microbatch=24, optim="sgd",
-                          learning_rate=0.5)
+    setting = {"learning_rate": 0.5, "optim": "sgd", "gradient_accumulation_steps": 2, **setting}
+    padded, before = train_run(tmp_path / "padded", **setting)
+    packed, _ = train_run(tmp_path / "packed", padding_free=True, max_tokens_per_microbatch=24, **setting)
     moved = 0.0
+    assert len(before) == len(dict(packed.model.named_parameters()))
     for (name, a), (_, b) in zip(padded.model.named_parameters(), packed.model.named_parameters()):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), name
         moved = max(moved, (a - before[name]).abs().max().item())
@@ -104,3 +110,16 @@ def test_packing_settings_are_checked_before_the_model_loads(tmp_path):
     with pytest.raises(ValueError, match="needs an attention that reads packed position_ids"):
         OR1Config(**tiny_training_args(tmp_path, padding_free=True,
                                        model_init_kwargs={"attn_implementation": "flex_attention"}))
+
+
+def test_a_stage_sets_its_own_budget(tmp_path):
+    from or1_trl.stages import apply_to_args, stage_shapes
+
+    args = OR1Config(**tiny_training_args(tmp_path, padding_free=True, max_tokens_per_microbatch=64, max_steps=-1,
+                                          stages=[{"until_step": 1}, {"until_step": 2, "max_tokens_per_microbatch": 16}]))
+    shapes = stage_shapes(args.stage_list, args, 1)
+    assert [shape.max_tokens_per_microbatch for shape in shapes] == [64, 16]
+    apply_to_args(args, shapes[1])
+    assert args.max_tokens_per_microbatch == 16
+    with pytest.raises(ValueError, match="a stage sets max_tokens_per_microbatch"):
+        OR1Config(**tiny_training_args(tmp_path, max_steps=-1, stages=[{"until_step": 1, "max_tokens_per_microbatch": 8}]))
