@@ -15,7 +15,7 @@ from .advantages import TRUNCATED_ADVANTAGE_MASKS
 from .entropy import ENTROPY_PRESETS
 from .logprobs import LOGPROB_BACKENDS, liger_available
 from .loss import TOKEN_SUM_LOSSES
-from .packing import PACKABLE_ATTENTION
+from .packing import attention_problem
 from .paths import output_dir_problem
 from .rollout_correction import DEFAULT_CAP, DEFAULT_ROLLOUT_CORRECTION, ROLLOUT_CORRECTIONS
 from .serve import WEIGHT_SYNC_BACKENDS, default_weight_sync
@@ -548,11 +548,9 @@ class OR1Config(GRPOConfig):
             raise ValueError(f"max_tokens_per_microbatch={self.max_tokens_per_microbatch} must be at least 1 token.")
         if not self.padding_free and any(stage.max_tokens_per_microbatch is not None for stage in self.stage_list):
             raise ValueError("a stage sets max_tokens_per_microbatch, the packed forwards' budget: set padding_free=True.")
-        attention = (self.model_init_kwargs or {}).get("attn_implementation")
-        if self.padding_free and attention is not None and attention not in PACKABLE_ATTENTION:
-            raise ValueError(f"padding_free=True needs an attention that reads packed position_ids "
-                             f"({', '.join(PACKABLE_ATTENTION)}); attn_implementation={attention!r}: choose one of them "
-                             "or set padding_free=False.")
+        problem = attention_problem((self.model_init_kwargs or {}).get("attn_implementation"))
+        if self.padding_free and problem:
+            raise ValueError(problem)
         if self.max_completion_length is not None and self.max_completion_length < 1:
             raise ValueError(f"max_completion_length={self.max_completion_length} must be at least 1 (tokens per "
                              "completion).")

@@ -114,6 +114,14 @@ def fused_head_forward(model, autocast) -> Callable[[Pack], tuple[torch.Tensor, 
     return forward
 
 
+def attention_problem(attention: str | None) -> str | None:
+    """Why `padding_free=True` cannot run with this `attn_implementation` (`None`: it can, or it is not known yet)."""
+    if attention is None or attention in PACKABLE_ATTENTION:
+        return None
+    return (f"padding_free=True needs an attention that reads packed position_ids ({', '.join(PACKABLE_ATTENTION)}); "
+            f"attn_implementation={attention!r}: choose one of them or set padding_free=False.")
+
+
 def check_packable(compute_aux_loss: bool, multimodal: dict) -> None:
     """Packing covers text-only dense models: images and MoE router losses are refused with the fix named."""
     if any(value is not None for value in multimodal.values()):

@@ -54,7 +54,7 @@ from .evaluation import group_pass_at_k
 from .evaluation import read_summary as read_eval_summary
 from .logprobs import resolve_logprob_backend, use_liger_head
 from .loss import Normaliser, magic_loss, sampled_token_entropy, share
-from .packing import check_packable, fused_head_forward, packed_logps_and_entropies
+from .packing import attention_problem, check_packable, fused_head_forward, packed_logps_and_entropies
 from .observability import (EntropyWatch, SaveFinalState, SkippedStepWatch, StepTimer, StepTimerCallback,
                             accuracy_metrics, close_progress_bars)
 from .prompts import PromptSchedule, prompt_ids
@@ -109,6 +109,9 @@ class OR1Trainer(GRPOTrainer):
         # Bad input fails here, before the model is loaded or anything is generated.
         check_liger_layer_kernels(args)
         check_datasets(reward_funcs, train_dataset, eval_dataset)  # columns, rows, gold types (`data.py`)
+        if getattr(args, "padding_free", False) and not isinstance(model, str):  # a model instance's attention
+            if problem := attention_problem(model.config._attn_implementation):
+                raise ValueError(problem)
         is_or1 = isinstance(args, OR1Config)
         self.entropy_controller = AdaptiveEntropyController.for_config(args)
         self._or1_loss_enabled = is_or1 and args.or1_loss_enabled

@@ -104,7 +104,7 @@ def test_two_steps_packed_end_with_the_padded_runs_parameters(tmp_path, setting)
     assert all(0 < f < 1 for f in fill_padded)
 
 
-def test_packing_settings_are_checked_before_the_model_loads(tmp_path):
+def test_packing_settings_are_checked_before_training(tmp_path):
     with pytest.raises(ValueError, match="set padding_free=True with it"):
         OR1Config(**tiny_training_args(tmp_path, max_tokens_per_microbatch=64))
     with pytest.raises(ValueError, match="needs an attention that reads packed position_ids"):
@@ -123,3 +123,11 @@ def test_a_stage_sets_its_own_budget(tmp_path):
     assert args.max_tokens_per_microbatch == 16
     with pytest.raises(ValueError, match="a stage sets max_tokens_per_microbatch"):
         OR1Config(**tiny_training_args(tmp_path, max_steps=-1, stages=[{"until_step": 1, "max_tokens_per_microbatch": 8}]))
+
+
+def test_a_model_whose_attention_cannot_read_packed_sequences_is_refused(tmp_path):
+    model, tokenizer = tiny_model_and_tokenizer(seed=0)
+    model.config._attn_implementation = "flex_attention"
+    with pytest.raises(ValueError, match="attn_implementation='flex_attention'"):
+        OR1Trainer(model, parity_reward, args=OR1Config(**tiny_training_args(tmp_path, padding_free=True)),
+                   train_dataset=tagged_dataset(["MIX"] * 4), processing_class=tokenizer)
