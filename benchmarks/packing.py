@@ -9,7 +9,9 @@ padding: completions of 80–100% of a 32-token cap). Two models: the tiny one (
 64) and a deeper one (8 layers, hidden 256, same vocabulary). Each pass runs through TRL's fused LM head
 (`add_fused_lm_head`) exactly as `GRPOTrainer` runs it: padded (`[B, P+C]` with the attention mask, TRL's path) or
 packed (`or1_trl/packing.py`: the rows' real tokens end to end, `position_ids` restarting per sequence, one forward per
-`max_tokens_per_microbatch` budget, here the whole micro-batch). Padded and packed alternate within each repeat;
+`max_tokens_per_microbatch` budget, here the longest row's length: on CPU, sdpa with a block-diagonal mask computes
+the whole pack's attention square, so one pack of the whole micro-batch would cost (Σ L)² where padding costs B·L²;
+flash-attention's varlen path on GPUs has no such cost). Padded and packed alternate within each repeat;
 the median of `--repeats` is reported. **fill** = real tokens / token slots computed (TRL's `update/token_fill`).
 
 Peak memory is not measured here: the packed passes keep every pack's activations until the backward of the
@@ -59,12 +61,12 @@ def model_for(name: str, longest: int):
     return model
 
 
-def passes(model, ids, mask, width, packed: bool) -> tuple[float, float]:
+def passes(model, ids, mask, width, packed: bool, budget: int | None) -> tuple[float, float]:
     """Seconds of the old-policy pass (no grad) and of the policy pass's forward+backward."""
     def run():
         if packed:
             logps, entropies, _ = packed_logps_and_entropies(fused_head_forward(model, nullcontext), ids, mask, width,
-                                                             None, compute_entropy=True)
+                                                             budget, compute_entropy=True)
             return logps, entropies
         labels = ids.masked_fill(mask == 0, -100)
         labels[:, :-width] = -100
@@ -90,7 +92,7 @@ def measure(name: str, shape: str, cap: int, rows: int, repeats: int) -> dict:
     times = {"padded": [], "packed": []}
     for _ in range(repeats):
         for mode in ("padded", "packed"):  # alternating: the same load for both
-            times[mode].append(passes(model, ids, mask, width, mode == "packed"))
+            times[mode].append(passes(model, ids, mask, width, mode == "packed", PROMPT + max(completion_lengths)))
     median = {mode: tuple(statistics.median(t[i] for t in runs) for i in range(2)) for mode, runs in times.items()}
     return {"model": name, "shape": shape, "cap": cap, "mean_frac": statistics.mean(completion_lengths) / cap,
             "fill": float(mask.sum()) / mask.numel(), **median}
