@@ -114,9 +114,12 @@ class Toy:
 TOYS = {
     "plain": Toy("plain", steps=200, target_gain=0.10, sft_steps=60, long_forms=False, easy_prompts=0, context=12),
     "magic": Toy("magic", steps=200, target_gain=0.08, sft_steps=120, long_forms=True, easy_prompts=100, context=16,
-                 stage1=(60, 8), arms=("or1", "grpo", "or1_offpolicy", "grpo_offpolicy")),
+                 stage1=(60, 8), arms=("or1", "grpo", "or1_offpolicy", "grpo_offpolicy", "or1_mask_after", "or1_mask_before")),
 }
-PAIRS = {"plain": [("or1", "grpo")], "magic": [("or1", "grpo"), ("or1_offpolicy", "grpo_offpolicy")]}
+PAIRS = {"plain": [("or1", "grpo")], "magic": [("or1", "grpo"), ("or1_offpolicy", "grpo_offpolicy"),
+                                               ("or1_mask_after", "grpo"), ("or1_mask_before", "grpo")]}
+# The paper's advantage masks for truncated responses (§3.2.3; `OR1Config.truncated_advantage_mask`), on the OR1 arm.
+MASKS = {"or1_mask_after": "after", "or1_mask_before": "before"}
 
 
 def split_pairs() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -272,7 +275,7 @@ def arm_config(toy: Toy, arm: str, seed: int, output_dir: str, steps: int, stage
 
     with warnings.catch_warnings():  # the N_SGD > 2 warning of OR1Config: this arm measures exactly that
         warnings.simplefilter("ignore", UserWarning)
-        return OR1Config(**settings)
+        return OR1Config(**settings, truncated_advantage_mask=MASKS.get(arm, "none"))
 
 
 def starting_model(toy: Toy, seed: int, workdir: str, sft_steps: int, cache: dict):
@@ -342,7 +345,8 @@ def bootstrap_ratio(x: list[float], y: list[float], samples: int = BOOTSTRAP, se
 
 
 NAMES = {"or1": "OR1 recipe", "grpo": "GRPOTrainer", "or1_offpolicy": "OR1 recipe, N_SGD = 4",
-         "grpo_offpolicy": "GRPOTrainer, N_SGD = 4"}
+         "grpo_offpolicy": "GRPOTrainer, N_SGD = 4", "or1_mask_after": "OR1 recipe, truncated: Adv-Mask After",
+         "or1_mask_before": "OR1 recipe, truncated: Adv-Mask Before"}
 
 
 def markdown(results: dict, seeds: list[int], quick: bool) -> str:

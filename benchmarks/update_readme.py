@@ -47,6 +47,7 @@ BENCHMARKS = {
     "step_time": Benchmark("benchmarks/step_time.py", (), ("--quick",)),
     "learning": Benchmark("benchmarks/learning.py", (), ("--quick",)),
     "rollout_correction": Benchmark("benchmarks/rollout_correction.py", (), ("--quick",)),
+    "packing": Benchmark("benchmarks/packing.py", (), ("--quick",)),
 }
 
 

@@ -11,9 +11,11 @@ import torch
 from transformers.utils import logging
 from trl import GRPOConfig
 
+from .advantages import TRUNCATED_ADVANTAGE_MASKS
 from .entropy import ENTROPY_PRESETS
 from .logprobs import LOGPROB_BACKENDS, liger_available
 from .loss import TOKEN_SUM_LOSSES
+from .packing import attention_problem
 from .paths import output_dir_problem
 from .rollout_correction import DEFAULT_CAP, DEFAULT_ROLLOUT_CORRECTION, ROLLOUT_CORRECTIONS
 from .serve import WEIGHT_SYNC_BACKENDS, default_weight_sync
@@ -105,6 +107,13 @@ class OR1Config(GRPOConfig):
             When rejection leaves fewer informative groups than a rollout batch asks for, generate up to this many
             more rounds from the pool and keep informative groups until the batch is full (DAPO's dynamic
             sampling; not in Skywork's code). 0: off.
+        truncated_advantage_mask (`str`, *optional*, defaults to `"none"`):
+            The advantage masks for truncated responses of the paper's ablation (§3.2.3, `or1_trl/advantages.py`):
+            `"none"` (the paper's choice: truncated responses keep their reward and advantage), `"after"` (they stay
+            in the group's mean and std, then get advantage 0) or `"before"` (they leave the group's statistics
+            too and get advantage 0; rejection sampling then judges a group on its non-truncated rewards). Their
+            tokens stay in T_k and the entropy term; TRL's `mask_truncated_completions` instead removes them from
+            the loss altogether, group statistics untouched.
         entropy_collapse_fraction (`float`, *optional*, defaults to `0.5`):
             The entropy-collapse warning (`or1_trl/observability.py`) fires once when the entropy stays below this
             fraction of `entropy_target` for `entropy_collapse_steps` steps while the controller is saturated
@@ -132,6 +141,15 @@ class OR1Config(GRPOConfig):
             fused linear scaled cross-entropy inside TRL's head; an error where Liger cannot run the model) or
             `"auto"` (`"liger"` on CPU, where `benchmarks/memory.py` measured it lowest; `"trl"` on GPUs, not measured,
             and wherever Liger cannot run). Same loss, gradient and metrics within float tolerance.
+        padding_free (`bool`, *optional*, defaults to `False`):
+            Forward the log-prob passes (policy, old policy, reference) without padding (`or1_trl/packing.py`): each
+            row's real tokens end to end, `position_ids` restarting per sequence (transformers' block-diagonal mask);
+            the per-token results go back to TRL's padded layout, so the loss and metrics are unchanged. Text-only,
+            attention `"sdpa"`, `"eager"` or flash-attention. The padded pass stays the default until
+            `benchmarks/packing.py` measures the packed one on GPUs.
+        max_tokens_per_microbatch (`int` or `None`, *optional*, defaults to `None`):
+            With `padding_free`: at most this many real tokens per forward (a row longer gets a forward of its own);
+            `None`: one forward per micro-batch. A stage may set its own (`stages[i].max_tokens_per_microbatch`).
 
         max_prompt_length (`int` or `None`, *optional*, defaults to `None`):
             TRL 1.16 generates from whole prompts. `None`: a prompt longer than the context leaves after
@@ -260,6 +278,16 @@ class OR1Config(GRPOConfig):
         },
     )
 
+    truncated_advantage_mask: str = field(
+        default="none",
+        metadata={
+            "help": "Advantage mask for truncated responses (paper §3.2.3): 'none' (the paper's choice), 'after' "
+            "(they stay in the group mean/std, then get advantage 0) or 'before' (they leave the group mean/std "
+            "too and get advantage 0).",
+            "choices": list(TRUNCATED_ADVANTAGE_MASKS),
+        },
+    )
+
     entropy_collapse_fraction: float = field(
         default=0.5,
         metadata={
@@ -322,6 +350,17 @@ class OR1Config(GRPOConfig):
             "head), 'liger' (Liger-Kernel's fused linear cross-entropy) or 'auto' (liger on CPU, trl on GPUs).",
             "choices": list(LOGPROB_BACKENDS),
         },
+    )
+
+    padding_free: bool = field(
+        default=False,
+        metadata={"help": "Forward the log-prob passes without padding: rows packed end to end, position_ids restarting "
+                  "per sequence (text-only; sdpa, eager or flash attention)."},
+    )
+    max_tokens_per_microbatch: int | None = field(
+        default=None,
+        metadata={"help": "With padding_free: real tokens per packed forward at most (a longer row gets its own); "
+                  "None: one forward per micro-batch."},
     )
 
     rollout_correction: str = field(
@@ -503,6 +542,15 @@ class OR1Config(GRPOConfig):
         problem = output_dir_problem(self.output_dir)
         if problem:
             raise ValueError(problem)
+        if self.max_tokens_per_microbatch is not None and not self.padding_free:
+            raise ValueError("max_tokens_per_microbatch is the packed forwards' budget: set padding_free=True with it.")
+        if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch < 1:
+            raise ValueError(f"max_tokens_per_microbatch={self.max_tokens_per_microbatch} must be at least 1 token.")
+        if not self.padding_free and any(stage.max_tokens_per_microbatch is not None for stage in self.stage_list):
+            raise ValueError("a stage sets max_tokens_per_microbatch, the packed forwards' budget: set padding_free=True.")
+        problem = attention_problem((self.model_init_kwargs or {}).get("attn_implementation"))
+        if self.padding_free and problem:
+            raise ValueError(problem)
         if self.max_completion_length is not None and self.max_completion_length < 1:
             raise ValueError(f"max_completion_length={self.max_completion_length} must be at least 1 (tokens per "
                              "completion).")
@@ -512,6 +560,7 @@ class OR1Config(GRPOConfig):
             ("top_entropy_normalization", TOP_ENTROPY_NORMALIZATIONS),
             ("logprob_backend", LOGPROB_BACKENDS),
             ("nonfinite_rewards", NONFINITE_REWARD_MODES),
+            ("truncated_advantage_mask", TRUNCATED_ADVANTAGE_MASKS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {list(allowed)}.")

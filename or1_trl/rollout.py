@@ -25,12 +25,20 @@ class Rollout:
             only, else `None`).
         outcomes: the groups' rejection verdicts (with rejection sampling; `None` until known).
         skip_update: no trainable token on any rank: the optimizer step that consumes this rollout is skipped.
+        group_rewards: `[N]` the rewards the group statistics and rejection see, when they differ from `rewards`
+            (`truncated_advantage_mask="before"`: truncated rows NaN, `advantages.py`).
     """
 
     rewards: torch.Tensor
     rows: torch.Tensor | None = None
     outcomes: GroupOutcomes | None = None
     skip_update: bool = False
+    group_rewards: torch.Tensor | None = None
+
+    @property
+    def judged_rewards(self) -> torch.Tensor:
+        """`[N]` what rejection sampling judges the groups by: `group_rewards` if set, else `rewards`."""
+        return self.rewards if self.group_rewards is None else self.group_rewards
 
 
 def scalar_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,7 @@ class Stage:
     num_generations: int | None = None
     temperature: float | None = None
     learning_rate: float | None = None
+    max_tokens_per_microbatch: int | None = None  # the packed forwards' budget (`OR1Config.padding_free`)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class StageShape:
     steps_per_generation: int
     temperature: float
     learning_rate: float
+    max_tokens_per_microbatch: int | None = None
 
     @property
     def generation_batch_size(self) -> int:
@@ -88,7 +90,8 @@ def validate_stages(stages: list[Stage], max_steps: int) -> int:
                 f"stages[{i}].until_step={stage.until_step!r} must be an integer > {previous}: stages end at strictly "
                 "increasing optimizer steps."
             )
-        for name in ("max_completion_length", "batch_size", "mini_batch_size", "num_generations"):
+        for name in ("max_completion_length", "batch_size", "mini_batch_size", "num_generations",
+                     "max_tokens_per_microbatch"):
             value = getattr(stage, name)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise ValueError(f"stages[{i}].{name}={value!r} must be a positive integer.")
@@ -126,6 +129,7 @@ def stage_shape(
     temperature: float,
     learning_rate: float,
     rows_per_micro_step: int,
+    max_tokens_per_microbatch: int | None = None,
 ) -> StageShape:
     """Stage `index` in TRL's terms. The keyword arguments are the run's config values (what a stage may override);
     `rows_per_micro_step` is `per_device_train_batch_size × number of processes`."""
@@ -137,6 +141,7 @@ def stage_shape(
         "mini_batch_size": mini_batch_size,
         "temperature": temperature,
         "learning_rate": learning_rate,
+        "max_tokens_per_microbatch": max_tokens_per_microbatch,
     }
     values.update({k: v for k, v in asdict(stage).items() if k in values and v is not None})
     G, batch, mini = values["num_generations"], values["batch_size"], values["mini_batch_size"]
@@ -165,6 +170,7 @@ def stage_shape(
         steps_per_generation=batch * G // rows_per_micro_step,
         temperature=values["temperature"],
         learning_rate=values["learning_rate"],
+        max_tokens_per_microbatch=values["max_tokens_per_microbatch"],
     )
 
 
@@ -181,6 +187,7 @@ def stage_shapes(stages: list[Stage], args, num_processes: int) -> list[StageSha
         temperature=args.temperature,
         learning_rate=args.learning_rate,
         rows_per_micro_step=rows,
+        max_tokens_per_microbatch=getattr(args, "max_tokens_per_microbatch", None),
     )
     shapes = [stage_shape(stages, i, **run) for i in range(len(stages))]
     if getattr(args, "deepspeed", None) and len({s.gradient_accumulation_steps for s in shapes}) > 1:
@@ -212,6 +219,8 @@ def apply_to_args(args, shape: StageShape) -> None:
     args.generation_batch_size = shape.generation_batch_size
     args.temperature = shape.temperature
     args.learning_rate = shape.learning_rate
+    if getattr(args, "padding_free", False):
+        args.max_tokens_per_microbatch = shape.max_tokens_per_microbatch
 
 
 def check_fits_vllm(shapes: list[StageShape], limit: int | None) -> None:

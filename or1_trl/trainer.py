@@ -10,14 +10,16 @@ One step k = one generation batch, on-policy; each hook is a few lines calling a
 1. `_calculate_rewards`: the rollout's record (`rollout.Rollout`): rewards of all ranks, each row's prompt,
    truncation and length; a returned inf/NaN is an error, or scored 0 and counted (`reward_checks.py`).
 2. `_generate_and_score_completions`: the **rollout correction** toward the generator replaces TRL's
-   `importance_sampling_ratio` of every rollout batch, with its diagnostics (`rollout_correction.py`);
+   `importance_sampling_ratio` of every rollout batch, with its diagnostics (`rollout_correction.py`); the
+   **advantage masks for truncated responses** (§3.2.3, `advantages.py`), if chosen;
    **per-prompt statistics** (`PromptSchedule.record`); **rejection sampling**
    (`rejection.reject`): all-equal groups leave the batch (T~_k), optionally refilled from the pool; T_k recounted
    over the kept tokens of all ranks. In evaluation: avg@n and pass@k (`evaluation.py`).
 3. `_compute_loss`: **eq. 3.1** (`loss.magic_loss`): TRL's loss on the kept tokens, normalised over the kept groups,
    plus α_k·H normalised like it; **eq. 3.2**: the entropy controller (`entropy.py`) measures e_k and updates c.
 4. `_get_per_token_logps_and_entropies`: keeps TRL's policy pass for the entropy term (`logprob_backend="liger"`
-   binds Liger's kernel into the fused head of this trainer's models, `logprobs.use_liger_head`).
+   binds Liger's kernel into the fused head of this trainer's models, `logprobs.use_liger_head`); with
+   `padding_free`, every pass forwards the rows packed without padding (`packing.py`).
 5. `training_step`: a step with no trainable token on any rank skips the optimizer update (counted, warned about);
    with `_generate`, `_calculate_rewards` and `_prepare_inputs` it times the step's phases (`observability.py`).
 
@@ -44,6 +46,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, get_config_model_id
 
 from . import checkpoint, model_card, server_health, stages
+from .advantages import leave_group_statistics, zero_truncated
 from .config import OR1Config, check_liger_layer_kernels
 from .data import check_datasets, check_prompts_fit, released_format_inputs
 from .entropy import AdaptiveEntropyController, StepWindow
@@ -51,6 +54,7 @@ from .evaluation import group_pass_at_k
 from .evaluation import read_summary as read_eval_summary
 from .logprobs import resolve_logprob_backend, use_liger_head
 from .loss import Normaliser, magic_loss, sampled_token_entropy, share
+from .packing import attention_problem, check_packable, fused_head_forward, packed_logps_and_entropies
 from .observability import (EntropyWatch, SaveFinalState, SkippedStepWatch, StepTimer, StepTimerCallback,
                             accuracy_metrics, close_progress_bars)
 from .prompts import PromptSchedule, prompt_ids
@@ -105,10 +109,15 @@ class OR1Trainer(GRPOTrainer):
         # Bad input fails here, before the model is loaded or anything is generated.
         check_liger_layer_kernels(args)
         check_datasets(reward_funcs, train_dataset, eval_dataset)  # columns, rows, gold types (`data.py`)
+        if getattr(args, "padding_free", False) and not isinstance(model, str):  # a model instance's attention
+            if problem := attention_problem(model.config._attn_implementation):
+                raise ValueError(problem)
         is_or1 = isinstance(args, OR1Config)
         self.entropy_controller = AdaptiveEntropyController.for_config(args)
         self._or1_loss_enabled = is_or1 and args.or1_loss_enabled
         self._rejection_mode = args.rejection_sampling if is_or1 else "off"
+        self._truncated_mask = args.truncated_advantage_mask if is_or1 else "none"
+        self._padding_free = is_or1 and args.padding_free
         self._entropy_window = StepWindow()  # e_k over the micro-steps of the current optimizer step
         self._rollouts: dict[str, Rollout] = {}  # the last rollout's side data, per mode ("train", "eval")
         self._nonfinite = NonfiniteRewards()  # inf/NaN rewards: warned about once per run
@@ -189,12 +198,20 @@ class OR1Trainer(GRPOTrainer):
                                  device=rewards_per_func.device)  # [b, 3]
             rollout.rows = self.accelerator.gather(local)  # [B*G, 3]
             self._log_metrics(accuracy_metrics(rollout.rewards, rollout.rows[:, 1]))
+            if self._truncated_mask == "before":  # truncated rows leave the group statistics (§3.2.3, `advantages.py`)
+                rewards_per_func = leave_group_statistics(rewards_per_func, rollout.rows[:, 1])
+                rollout.group_rewards = scalar_rewards(rewards_per_func, self.reward_weights)
         self._rollouts["train" if self.model.training else "eval"] = rollout
         return rewards_per_func
 
     def _scored(self, inputs):
-        """TRL's rollout batch, with our rollout correction toward the generator (`rollout_correction.py`)."""
+        """TRL's rollout batch, with our rollout correction toward the generator (`rollout_correction.py`) and the
+        truncated responses' advantage mask (`advantages.py`)."""
         batch = super()._generate_and_score_completions(inputs)
+        if self._truncated_mask != "none" and self.model.training:  # this rank's rows: advantage 0 where truncated
+            start = self.accelerator.process_index * len(batch["advantages"])
+            truncated = self._rollouts["train"].rows[start : start + len(batch["advantages"]), 1]  # [b]
+            batch["advantages"] = zero_truncated(batch["advantages"], truncated)
         if self._rollout_correction is not None:
             mode = "train" if self.model.training else "eval"
             self._warn(*self._rollout_correction.apply(batch, self.accelerator.gather, self._metrics[mode], mode == "train"))
@@ -216,10 +233,10 @@ class OR1Trainer(GRPOTrainer):
                 start = self.accelerator.process_index * len(inputs)
                 extra = self._scored([self.train_dataset[index] for index in rows[start : start + len(inputs)]])
                 self._record_prompt_stats(self._rollouts["train"], refill=True)
-                return extra, self._rollouts["train"].rewards
+                return extra, self._rollouts["train"].judged_rewards
 
             num_groups = len(rollout.rewards) // self.num_generations
-            rejection = reject(batch, rollout.rewards, self.num_generations, self._rejection_mode,
+            rejection = reject(batch, rollout.judged_rewards, self.num_generations, self._rejection_mode,
                                self.accelerator.process_index, self.args.steps_per_generation,
                                self._tokenizer.pad_token_id, self.args.rejection_refill_rounds, more)
             batch, rollout.outcomes = rejection.batch, rejection.outcomes
@@ -256,8 +273,23 @@ class OR1Trainer(GRPOTrainer):
             if self.ref_model is not None:
                 use_liger_head(self.accelerator.unwrap_model(self.ref_model))
 
-    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        outputs = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **multimodal):
+        if self._padding_free:  # every pass (policy, old policy, reference) packed under the budget (`packing.py`)
+            check_packable(compute_aux_loss, multimodal)
+            logps, entropies, slots = packed_logps_and_entropies(
+                fused_head_forward(model, self.accelerator.autocast), input_ids, attention_mask, logits_to_keep,
+                self.args.max_tokens_per_microbatch, compute_entropy)
+            outputs = (logps, entropies, None)
+        else:
+            outputs = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **multimodal)
+            slots = input_ids.numel()
+        if self._policy_pass is not None and "outputs" not in self._policy_pass:  # the policy pass: its token fill
+            real, computed = self._sum_over_ranks(torch.tensor([attention_mask.sum().item(), slots],
+                                                               dtype=torch.float, device=attention_mask.device))
+            self._metrics["train" if self.model.training else "eval"]["update/token_fill"].append((real / computed).item())
         if self._policy_pass is not None:  # inside `_compute_loss`: TRL's policy pass, for the entropy term
             self._policy_pass.setdefault("outputs", outputs)
         return outputs

@@ -227,3 +227,22 @@ def test_quick_rollout_correction_benchmark_is_consistent(tmp_path):
     short, long = offsets[default][0][0], offsets[default][1][0]
     assert 0 < short and 0 < long and abs(long - short) < 8  # percentage points, 200 sequences per length
     assert "goal ≤ 1.5× met" in tables[1][2] and "TRL default (`sequence_mask`, Σ, clip 3): 0.0% →" in tables[1][2]
+
+
+def test_quick_packing_benchmark_is_consistent(tmp_path):
+    """`benchmarks/packing.py --quick`: a row per model and shape, the long-tailed shape's padded fill below half and
+    the demo's above; the goal line reports the worst ratio the rows show (no timing is asserted)."""
+    copy = tmp_path / "README.md"
+    copy.write_text("<!-- benchmarks/packing.py -->\n<!-- /benchmarks/packing.py -->\n")
+    result = run_update("packing", "--quick", "--readme", str(copy))
+    assert result.returncode == 0, result.stderr[-4000:]
+    block = copy.read_text()
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in block.splitlines()
+            if line.startswith("| tiny") or line.startswith("| deeper")]
+    assert [(r[0], r[1]) for r in rows] == [("tiny", "demo"), ("tiny", "long-tailed"), ("deeper", "demo"),
+                                            ("deeper", "long-tailed")]
+    ratios = {(r[0], r[1]): [float(re.search(r"\*\*(\S+)×\*\*", cell).group(1)) for cell in r[5:7]] for r in rows}
+    fills = {(r[0], r[1]): float(r[4].rstrip("%")) for r in rows}
+    assert fills[("tiny", "long-tailed")] < 50 < fills[("tiny", "demo")]
+    worst = max(ratios[("tiny", "long-tailed")][1], ratios[("deeper", "long-tailed")][1])
+    assert f"worst {worst:.2f}×" in block and ("— met" if worst <= 0.5 else "— missed") in block

@@ -149,16 +149,18 @@ def agrees_with_printed(ratio, a, b, half_unit, ratio_half_unit):
 
 def test_learning_quick(tmp_path):
     text = run_quick("learning", tmp_path)
-    for toy, arms in (("plain", ["OR1 recipe", "GRPOTrainer"]),
-                      ("magic", ["OR1 recipe", "GRPOTrainer", "OR1 recipe, N_SGD = 4", "GRPOTrainer, N_SGD = 4"])):
+    learning = load("learning")
+    for toy in ("plain", "magic"):
+        arms = [learning.NAMES[arm] for arm in learning.TOYS[toy].arms]
+        pairs = [(learning.NAMES[ours], learning.NAMES[theirs]) for ours, theirs in learning.PAIRS[toy]]
         section = text.split(f"**Toy {toy}**")[1].split("**Toy")[0]
         rows = {cells(line)[0]: cells(line) for line in section.splitlines() if line.startswith("| ") and "/1 |" in line}
         assert list(rows) == arms
         for row in rows.values():
             assert row[1] in ("0/1", "1/1") and int(row[2]) <= 4 and float(row[3]) > 0 and int(row[4].replace(",", "")) > 0
         ratios = [cells(line) for line in section.splitlines() if line.startswith("| OR1 recipe") and "×" in line]
-        assert len(ratios) == len(arms) // 2
-        for ratio, (ours, theirs) in zip(ratios, zip(arms[::2], arms[1::2])):
+        assert [ratio[0] for ratio in ratios] == [f"{ours} / {theirs}" for ours, theirs in pairs]
+        for ratio, (ours, theirs) in zip(ratios, pairs):
             # One seed: the interval is the point, and the point is the ratio of the two rows (rounded there).
             for column, key, half_unit in ((1, 2, 0.5), (2, 3, 0.05), (3, 4, 0.5)):  # the rows' printed precision
                 value, low, high = map(float, re.fullmatch(r"(\S+)× \((\S+)–(\S+)\)", ratio[column]).groups())

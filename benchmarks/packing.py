@@ -1,0 +1,152 @@
+"""Padded vs packed log-prob passes: time of the old-policy pass and of the policy forward+backward, side by side.
+
+    python benchmarks/packing.py [--caps 256 1024 2048] [--rows 16] [--repeats 3] [--markdown FILE]
+    python benchmarks/packing.py --quick      # seconds-scale smoke run (the tests use it)
+
+One micro-batch of `--rows` rows, prompts of 32 tokens, completions drawn long-tailed as a truncating stage produces
+them: 70% short (a tenth of the cap), 30% at the cap (mean length ≈ 0.37× the cap); and the demo's shape (little
+padding: completions of 80–100% of a 32-token cap). Two models: the tiny one (`or1_trl.testing`, 2 layers, hidden
+64) and a deeper one (8 layers, hidden 256, same vocabulary). Each pass runs through TRL's fused LM head
+(`add_fused_lm_head`) exactly as `GRPOTrainer` runs it: padded (`[B, P+C]` with the attention mask, TRL's path) or
+packed (`or1_trl/packing.py`: the rows' real tokens end to end, `position_ids` restarting per sequence, one forward per
+`max_tokens_per_microbatch` budget, here the longest row's length: on CPU, sdpa with a block-diagonal mask computes
+the whole pack's attention square, so one pack of the whole micro-batch would cost (Σ L)² where padding costs B·L²;
+flash-attention's varlen path on GPUs has no such cost). Padded and packed alternate within each repeat;
+the median of `--repeats` is reported. **fill** = real tokens / token slots computed (TRL's `update/token_fill`).
+
+Peak memory is not measured here: the packed passes keep every pack's activations until the backward of the
+micro-batch (the budget bounds each forward, not the step), so the activations are those of the real tokens only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+
+import torch
+from trl.trainer.utils import add_fused_lm_head
+
+from or1_trl.packing import fused_head_forward, packed_logps_and_entropies
+from or1_trl.testing import tiny_model_and_tokenizer
+
+PROMPT = 32
+
+
+def lengths(shape: str, rows: int, cap: int, rng: random.Random) -> list[int]:
+    if shape == "long-tailed":
+        return [cap if rng.random() < 0.3 else max(1, cap // 10) for _ in range(rows)]
+    return [rng.randint(int(0.8 * cap), cap) for _ in range(rows)]  # the demo's: little padding
+
+
+def batch(completion_lengths: list[int], vocab: int, rng: random.Random):
+    """TRL's layout: prompts left-padded (all PROMPT here), completions right-padded to the longest."""
+    width = max(completion_lengths)
+    ids = torch.zeros(len(completion_lengths), PROMPT + width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate(completion_lengths):
+        ids[row, : PROMPT + length] = torch.tensor([rng.randrange(1, vocab) for _ in range(PROMPT + length)])
+        mask[row, : PROMPT + length] = 1
+    return ids, mask, width
+
+
+def model_for(name: str, longest: int):
+    overrides = {} if name == "tiny" else dict(num_hidden_layers=8, hidden_size=256, intermediate_size=512,
+                                                num_attention_heads=8, num_key_value_heads=4)
+    model, _ = tiny_model_and_tokenizer(seed=0, max_position_embeddings=max(512, PROMPT + longest), **overrides)
+    add_fused_lm_head(model, temperature=1.0, outputs=("log_probs", "entropy"))
+    return model
+
+
+def passes(model, ids, mask, width, packed: bool, budget: int | None) -> tuple[float, float]:
+    """Seconds of the old-policy pass (no grad) and of the policy pass's forward+backward."""
+    def run():
+        if packed:
+            logps, entropies, _ = packed_logps_and_entropies(fused_head_forward(model, nullcontext), ids, mask, width,
+                                                             budget, compute_entropy=True)
+            return logps, entropies
+        labels = ids.masked_fill(mask == 0, -100)
+        labels[:, :-width] = -100
+        out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+        return out.log_probs[:, -width:], out.entropy[:, -width:]
+
+    start = time.perf_counter()
+    with torch.no_grad():
+        run()
+    old = time.perf_counter() - start
+    start = time.perf_counter()
+    logps, entropies = run()
+    (logps.sum() + entropies.sum()).backward()
+    model.zero_grad(set_to_none=True)
+    return old, time.perf_counter() - start
+
+
+def measure(name: str, shape: str, cap: int, rows: int, repeats: int) -> dict:
+    rng = random.Random(cap)
+    completion_lengths = lengths(shape, rows, cap, rng)
+    model = model_for(name, cap)
+    ids, mask, width = batch(completion_lengths, model.config.vocab_size, rng)
+    times = {"padded": [], "packed": []}
+    for _ in range(repeats):
+        for mode in ("padded", "packed"):  # alternating: the same load for both
+            times[mode].append(passes(model, ids, mask, width, mode == "packed", PROMPT + max(completion_lengths)))
+    median = {mode: tuple(statistics.median(t[i] for t in runs) for i in range(2)) for mode, runs in times.items()}
+    return {"model": name, "shape": shape, "cap": cap, "mean_frac": statistics.mean(completion_lengths) / cap,
+            "fill": float(mask.sum()) / mask.numel(), **median}
+
+
+def table(results: list[dict]) -> list[str]:
+    lines = ["| model | completions | cap | mean length / cap | fill, padded | old-policy pass: padded → packed | "
+             "policy fwd+bwd: padded → packed |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        (old_pad, pol_pad), (old_pack, pol_pack) = r["padded"], r["packed"]
+        lines.append(f"| {r['model']} | {r['shape']} | {r['cap']:,} | {r['mean_frac']:.2f} | {r['fill']:.0%} | "
+                     f"{old_pad:.3f} s → {old_pack:.3f} s (**{old_pack / old_pad:.2f}×**) | "
+                     f"{pol_pad:.3f} s → {pol_pack:.3f} s (**{pol_pack / pol_pad:.2f}×**) |")
+    return lines
+
+
+def goal_lines(results: list[dict]) -> list[str]:
+    tail = [r for r in results if r["shape"] == "long-tailed"]
+    demo = [r for r in results if r["shape"] != "long-tailed"]
+    worst_tail = max(r["packed"][1] / r["padded"][1] for r in tail)
+    worst_demo = max(max(r["packed"][i] / r["padded"][i] for i in range(2)) for r in demo)
+    return [f"Goal packed ≤ 0.5× padded (policy fwd+bwd) where the mean length ≤ 0.4× the cap: worst "
+            f"{worst_tail:.2f}× — {'met' if worst_tail <= 0.5 else 'missed'}. Goal not slower than 1.02× at the "
+            f"demo's shape: worst {worst_demo:.2f}× — {'met' if worst_demo <= 1.02 else 'missed'}."]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--caps", type=int, nargs="+", default=[256, 1024, 2048])
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="tiny settings (seconds; the numbers mean little)")
+    parser.add_argument("--markdown", help="write the README block here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.caps, args.rows, args.repeats = [64], 8, 1
+    torch.manual_seed(0)
+    results = []
+    for name in ("tiny", "deeper"):
+        results.append(measure(name, "demo", 32, args.rows, args.repeats))
+        for cap in args.caps:
+            results.append(measure(name, "long-tailed", cap, args.rows, args.repeats))
+            print(f"{name} cap {cap}: {results[-1]}", file=sys.stderr, flush=True)
+    lines = [f"Padded vs packed log-prob passes, `python benchmarks/packing.py{' --quick' if args.quick else ''}` "
+             f"({args.rows} rows, prompts of {PROMPT} tokens; long-tailed: 70% of the completions a tenth of the cap, "
+             "30% at it; demo: 80–100% of a 32-token cap; median of "
+             f"{args.repeats}; fill = real tokens / slots of the padded pass, 100% when packed):", "",
+             *table(results), "", *goal_lines(results)]
+    block = "\n".join(lines)
+    print(block)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(block + "\n")
+
+
+if __name__ == "__main__":
+    main()

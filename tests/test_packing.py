@@ -1,0 +1,133 @@
+"""Padding-free log-prob passes (`or1_trl/packing.py`, `OR1Config.padding_free`): the same per-token log-probs and
+entropies as TRL's padded pass, the same training run, fewer token slots."""
+
+from contextlib import nullcontext
+
+import pytest
+import torch
+from trl.trainer.utils import add_fused_lm_head
+
+from or1_trl import OR1Config, OR1Trainer
+from or1_trl.logprobs import liger_available, use_liger_head
+from or1_trl.packing import build_pack, fused_head_forward, packed_logps_and_entropies, plan_packs
+from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
+
+from .test_trainer import logged, parity_reward, tagged_dataset
+
+
+def test_plan_packs_fills_the_budget_in_order_and_isolates_long_rows():
+    assert plan_packs([3, 4, 2, 9, 1, 1], budget=7) == [[0, 1], [2], [3], [4, 5]]
+    assert plan_packs([3, 4, 2], budget=None) == [[0, 1, 2]]
+    assert plan_packs([10], budget=4) == [[0]]
+
+
+def padded_batch(prompt_lengths, completion_lengths, vocab, seed=0):
+    """TRL's layout: prompts left-padded to P, completions right-padded to C; `[B, P+C]` ids and attention mask."""
+    g = torch.Generator().manual_seed(seed)
+    P, C = max(prompt_lengths), max(completion_lengths)
+    ids = torch.zeros(len(prompt_lengths), P + C, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, (p, c) in enumerate(zip(prompt_lengths, completion_lengths)):
+        ids[row, P - p : P + c] = torch.randint(1, vocab, (p + c,), generator=g)
+        mask[row, P - p : P + c] = 1
+    return ids, mask, C
+
+
+def test_build_pack_lays_real_tokens_end_to_end_with_restarting_positions():
+    ids, mask, C = padded_batch([2, 3], [1, 2], vocab=50)
+    pack = build_pack(ids, mask, [0, 1], C)
+    expected = [t for row in range(2) for t in ids[row][mask[row].bool()].tolist()]
+    assert pack.input_ids[0].tolist() == expected
+    assert pack.position_ids[0].tolist() == [0, 1, 2, 0, 1, 2, 3, 4]
+    assert (pack.labels[0] != -100).tolist() == [False, False, True, False, False, False, True, True]
+
+
+@pytest.mark.parametrize("backend", ["trl", "liger"])
+@pytest.mark.parametrize("budget", [None, 12])
+def test_packed_logps_and_entropies_equal_the_padded_pass(backend, budget):
+    if backend == "liger" and not liger_available():
+        pytest.skip("Liger is not installed")
+    model, _ = tiny_model_and_tokenizer(seed=0)
+    add_fused_lm_head(model, temperature=1.0, outputs=("log_probs", "entropy"))
+    if backend == "liger":
+        use_liger_head(model)
+    ids, mask, C = padded_batch([3, 7, 2, 5], [1, 9, 30, 4], vocab=model.config.vocab_size)  # very different lengths
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :-C] = -100
+    padded = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)  # TRL's padded pass
+    logps, entropies, slots = packed_logps_and_entropies(fused_head_forward(model, nullcontext), ids, mask, C, budget,
+                                                         compute_entropy=True)
+    scored = mask[:, -C:].bool()  # [B, C] the completions' real tokens
+    assert torch.allclose(logps[scored], padded.log_probs[:, -C:][scored], atol=1e-5, rtol=0)
+    assert torch.allclose(entropies[scored], padded.entropy[:, -C:][scored], atol=1e-5, rtol=0)
+    assert (logps[~scored] == 0).all() and slots == int(mask.sum()) < ids.numel()
+    logps.sum().backward()  # differentiable through the scatter
+    assert model.lm_head.weight.grad is not None
+
+
+def train_run(tmp_path, peft=False, **overrides):
+    model, tokenizer = tiny_model_and_tokenizer(seed=0)
+    peft_config = None
+    if peft:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"])
+    overrides = {"learning_rate": 1e-3, **overrides}
+    args = OR1Config(**tiny_training_args(tmp_path, max_completion_length=12,
+                                          generation_kwargs={"sequence_bias": [[[0], 3.0]]}, **overrides))
+    trainer = OR1Trainer(model, parity_reward, args=args, train_dataset=tagged_dataset(["MIX"] * 16),
+                         processing_class=tokenizer, peft_config=peft_config)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    return trainer, before
+
+
+@pytest.mark.parametrize("setting", [dict(rejection_sampling="compact"), dict(rejection_sampling="off"),
+                                     dict(gradient_checkpointing=True), dict(peft=True, learning_rate=5.0)],
+                         ids=["compact", "no-rejection", "gradient-checkpointing", "lora"])
+def test_two_steps_packed_end_with_the_padded_runs_parameters(tmp_path, setting):
+    """Completions of very different lengths (EOS biased up: some end at once, some run to the cap); the packed run
+    with a small budget ends where the padded run ends, and fills its forwards with real tokens only."""
+    # SGD: Adam would turn float-rounding gradients of unused embeddings (~1e-10) into steps of the learning rate
+    setting = {"learning_rate": 0.5, "optim": "sgd", "gradient_accumulation_steps": 2, **setting}
+    padded, before = train_run(tmp_path / "padded", **setting)
+    packed, _ = train_run(tmp_path / "packed", padding_free=True, max_tokens_per_microbatch=24, **setting)
+    moved = 0.0
+    assert len(before) == len(dict(packed.model.named_parameters()))
+    for (name, a), (_, b) in zip(padded.model.named_parameters(), packed.model.named_parameters()):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), name
+        moved = max(moved, (a - before[name]).abs().max().item())
+    assert moved > 1e-3  # far above the tolerance
+    assert logged(packed, "loss") == pytest.approx(logged(padded, "loss"), rel=1e-5, abs=1e-7)
+    fill_padded, fill_packed = logged(padded, "update/token_fill"), logged(packed, "update/token_fill")
+    assert len(fill_packed) == 2 and all(f == 1.0 for f in fill_packed)
+    assert all(0 < f < 1 for f in fill_padded)
+
+
+def test_packing_settings_are_checked_before_training(tmp_path):
+    with pytest.raises(ValueError, match="set padding_free=True with it"):
+        OR1Config(**tiny_training_args(tmp_path, max_tokens_per_microbatch=64))
+    with pytest.raises(ValueError, match="needs an attention that reads packed position_ids"):
+        OR1Config(**tiny_training_args(tmp_path, padding_free=True,
+                                       model_init_kwargs={"attn_implementation": "flex_attention"}))
+
+
+def test_a_stage_sets_its_own_budget(tmp_path):
+    from or1_trl.stages import apply_to_args, stage_shapes
+
+    args = OR1Config(**tiny_training_args(tmp_path, padding_free=True, max_tokens_per_microbatch=64, max_steps=-1,
+                                          stages=[{"until_step": 1}, {"until_step": 2, "max_tokens_per_microbatch": 16}]))
+    shapes = stage_shapes(args.stage_list, args, 1)
+    assert [shape.max_tokens_per_microbatch for shape in shapes] == [64, 16]
+    apply_to_args(args, shapes[1])
+    assert args.max_tokens_per_microbatch == 16
+    with pytest.raises(ValueError, match="a stage sets max_tokens_per_microbatch"):
+        OR1Config(**tiny_training_args(tmp_path, max_steps=-1, stages=[{"until_step": 1, "max_tokens_per_microbatch": 8}]))
+
+
+def test_a_model_whose_attention_cannot_read_packed_sequences_is_refused(tmp_path):
+    model, tokenizer = tiny_model_and_tokenizer(seed=0)
+    model.config._attn_implementation = "flex_attention"
+    with pytest.raises(ValueError, match="attn_implementation='flex_attention'"):
+        OR1Trainer(model, parity_reward, args=OR1Config(**tiny_training_args(tmp_path, padding_free=True)),
+                   train_dataset=tagged_dataset(["MIX"] * 4), processing_class=tokenizer)
