@@ -287,9 +287,9 @@ class OR1Trainer(GRPOTrainer):
                 **multimodal)
             slots = input_ids.numel()
         if self._policy_pass is not None and "outputs" not in self._policy_pass:  # the policy pass: its token fill
-            real, computed = self._sum_over_ranks(torch.tensor([attention_mask.sum().item(), slots],
-                                                               dtype=torch.float, device=attention_mask.device))
-            self._metrics["train" if self.model.training else "eval"]["update/token_fill"].append((real / computed).item())
+            # this rank's micro-batch (no collective on the hot path; the main process logs its own)
+            self._metrics["train" if self.model.training else "eval"]["update/token_fill"].append(
+                attention_mask.sum().item() / slots)
         if self._policy_pass is not None:  # inside `_compute_loss`: TRL's policy pass, for the entropy term
             self._policy_pass.setdefault("outputs", outputs)
         return outputs
