@@ -214,7 +214,7 @@ def _measure(work, max_gb: float, conn) -> dict:
     return {"status": "ok", "peak_gb": _status_gb("VmHWM") - baseline, "seconds": seconds, "baseline_gb": baseline}
 
 
-def _child(kind: str, spec: dict, max_gb: float, verbose: bool, conn) -> None:
+def _child(make_work, max_gb: float, verbose: bool, conn) -> None:
     if not verbose:  # the trainer's logs and warnings would interleave with the progress bar
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
@@ -222,8 +222,7 @@ def _child(kind: str, spec: dict, max_gb: float, verbose: bool, conn) -> None:
         warnings.simplefilter("ignore")
     try:
         with tempfile.TemporaryDirectory(prefix="or1-memory-") as tmp:
-            work = head_work(**spec) if kind == "head" else step_work(**spec, output_dir=tmp)
-            result = _measure(work, max_gb, conn)
+            result = _measure(make_work(tmp), max_gb, conn)
     except Exception as e:  # reported in the table, not raised: the other measurements go on
         result = {"status": "error", "detail": f"{type(e).__name__}: {e}"[:300]}
     conn.send(result)
@@ -232,9 +231,16 @@ def _child(kind: str, spec: dict, max_gb: float, verbose: bool, conn) -> None:
 
 def in_fresh_process(kind: str, spec: dict, max_gb: float, timeout_s: float, verbose: bool) -> dict:
     """Measure in a process forked from this one (its own memory; the imports shared, already done)."""
+    return peak_in_fresh_process(
+        lambda tmp: head_work(**spec) if kind == "head" else step_work(**spec, output_dir=tmp), max_gb, timeout_s, verbose)
+
+
+def peak_in_fresh_process(make_work, max_gb: float, timeout_s: float, verbose: bool = False) -> dict:
+    """Peak RSS and seconds of `make_work(tmp_dir)()` in a process forked from this one (the setup `make_work` does
+    is not counted; other benchmarks use it too)."""
     ctx = multiprocessing.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(kind, spec, max_gb, verbose, send))
+    proc = ctx.Process(target=_child, args=(make_work, max_gb, verbose, send))
     proc.start()
     send.close()
     answered = recv.poll(timeout_s)

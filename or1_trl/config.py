@@ -142,14 +142,15 @@ class OR1Config(GRPOConfig):
             `"auto"` (`"liger"` on CPU, where `benchmarks/memory.py` measured it lowest; `"trl"` on GPUs, not measured,
             and wherever Liger cannot run). Same loss, gradient and metrics within float tolerance.
         padding_free (`bool`, *optional*, defaults to `False`):
-            Forward the log-prob passes (policy, old policy, reference) without padding (`or1_trl/packing.py`): each
-            row's real tokens end to end, `position_ids` restarting per sequence (transformers' block-diagonal mask);
-            the per-token results go back to TRL's padded layout, so the loss and metrics are unchanged. Text-only,
-            attention `"sdpa"`, `"eager"` or flash-attention. The padded pass stays the default until
-            `benchmarks/packing.py` measures the packed one on GPUs.
+            Forward the log-prob passes (policy, old policy, reference) without padding (`or1_trl/packing.py`): the
+            rows' real tokens end to end in packed rows, `position_ids` restarting per sequence (transformers'
+            block-diagonal mask); the per-token results go back to TRL's padded layout, so the loss and metrics are
+            unchanged. Text-only, attention `"sdpa"`, `"eager"` or flash-attention, DDP or a single process.
         max_tokens_per_microbatch (`int` or `None`, *optional*, defaults to `None`):
-            With `padding_free`: at most this many real tokens per forward (a row longer gets a forward of its own);
-            `None`: one forward per micro-batch. A stage may set its own (`stages[i].max_tokens_per_microbatch`).
+            With `padding_free`: at most this many token slots per forward (a sequence longer gets a forward of its
+            own); every forward but the last is activation-checkpointed, so the policy pass's activation memory is set
+            by this budget, not by the micro-batch's rows × length (one more forward of those tokens). `None`: one
+            forward per micro-batch. A stage may set its own (`stages[i].max_tokens_per_microbatch`).
 
         max_prompt_length (`int` or `None`, *optional*, defaults to `None`):
             TRL 1.16 generates from whole prompts. `None`: a prompt longer than the context leaves after
@@ -355,12 +356,12 @@ class OR1Config(GRPOConfig):
     padding_free: bool = field(
         default=False,
         metadata={"help": "Forward the log-prob passes without padding: rows packed end to end, position_ids restarting "
-                  "per sequence (text-only; sdpa, eager or flash attention)."},
+                  "per sequence (text-only; sdpa, eager or flash attention; DDP or one process)."},
     )
     max_tokens_per_microbatch: int | None = field(
         default=None,
-        metadata={"help": "With padding_free: real tokens per packed forward at most (a longer row gets its own); "
-                  "None: one forward per micro-batch."},
+        metadata={"help": "With padding_free: token slots per packed forward at most (a longer sequence gets its own); "
+                  "forwards but the last are checkpointed, so this bounds the activation memory. None: one forward."},
     )
 
     rollout_correction: str = field(

@@ -2,11 +2,19 @@
 
 TRL 1.16's `GRPOTrainer` forwards every row of a micro-batch padded to the longest (`[B, P+C]`, prompts left-padded,
 completions right-padded). With reasoning completions from a few hundred tokens to the stage's cap, most of those
-slots are padding. Here each row's real tokens (prompt, then completion) are laid end to end, `position_ids`
-restarting at 0 for each sequence and no attention mask: transformers then builds a block-diagonal causal mask
-(`masking_utils.find_packed_sequence_indices`; sdpa and eager on CPU, flash-attention's varlen path on GPU), so no
-token attends across sequences. The per-token log-probs and entropies are scattered back into TRL's padded `[B, C]`
-layout: the loss, T_k, the entropy controller and every metric see the same tensors as on the padded path.
+slots are padding. Here the rows' real tokens (prompt, then completion) are laid end to end into packed rows,
+`position_ids` restarting at 0 for each sequence and no attention mask: transformers then builds a block-diagonal
+causal mask (`masking_utils.find_packed_sequence_indices`; sdpa and eager on CPU, flash-attention's varlen path on
+GPU), so no token attends across sequences. The per-token log-probs and entropies are scattered back into TRL's padded
+`[B, C]` layout: the loss, T_k, the entropy controller, the 80/20 mask and every metric see the same tensors as on the
+padded path, taken over the same micro-batch.
+
+The token budget (`OR1Config.max_tokens_per_microbatch`) splits a micro-batch into forwards of at most that many token
+slots (`plan_forwards`). With gradients on, every forward but the last is activation-checkpointed
+(`torch.utils.checkpoint`, non-reentrant): the micro-batch's single backward recomputes one forward at a time, so the
+activation memory is set by the budget, not by rows × cap, at the cost of one more forward of those tokens. Each rank
+still runs one forward of its wrapped model (DDP) and one backward per micro-step, whatever its number of forwards:
+ranks stay in lockstep and gradient accumulation is TRL's, unchanged.
 
 RoPE makes attention depend only on relative positions, so a sequence gives the same log-probs whether it starts at
 position 0 (packed) or after its left padding (padded): equal to float rounding (`tests/test_packing.py`).
@@ -23,46 +31,78 @@ import torch
 PACKABLE_ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3")
 
 
-def plan_packs(lengths: list[int], budget: int | None) -> list[list[int]]:
-    """Rows in order, grouped greedily into packs of at most `budget` real tokens (`None`: one pack). A row longer
-    than the budget gets a pack of its own."""
-    packs: list[list[int]] = []
-    used = 0
-    for row, length in enumerate(lengths):
-        if packs and (budget is None or used + length <= budget):
-            packs[-1].append(row)
-            used += length
+def plan_forwards(lengths: list[int], budget: int | None, one_row: bool) -> list[list[list[int]]]:
+    """The rows of a micro-batch (their real lengths) as forwards of packed rows: `[forward][packed row][row]`.
+
+    Sequences go first-fit decreasing into packed rows of at most `capacity` tokens, then packed rows into forwards of
+    at most `budget` token slots (`None`: no limit). `one_row` (flash-attention's varlen path, batch 1 only): each
+    forward is one packed row of up to `budget` tokens. Otherwise (sdpa, eager: a dense mask per row) a packed row is
+    at most the longest sequence wide, so no row's attention square exceeds the padded pass's, and a forward of k rows
+    costs k × its widest row. A sequence longer than the budget gets a forward of its own."""
+    total, longest = sum(lengths), max(lengths)
+    capacity = (total if one_row else longest) if budget is None else min(budget, total if one_row else longest)
+    rows: list[list[int]] = []
+    fill: list[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):  # first-fit decreasing
+        length = lengths[index]
+        slot = next((r for r, used in enumerate(fill) if used + length <= capacity), None)
+        if slot is None:
+            rows.append([index])
+            fill.append(length)
         else:
-            packs.append([row])
-            used = length
-    return packs
+            rows[slot].append(index)
+            fill[slot] += length
+    forwards: list[list[list[int]]] = []
+    width = 0  # the open forward's widest row (rows come widest first)
+    for row, used in zip(rows, fill):
+        if forwards and not one_row and (budget is None or (len(forwards[-1]) + 1) * max(width, used) <= budget):
+            forwards[-1].append(row)
+            width = max(width, used)
+        else:
+            forwards.append([row])
+            width = used
+    return forwards
 
 
 @dataclass
 class Pack:
-    """One packed row: `input_ids`, `position_ids`, `labels` `[1, N]` (N = the pack's real tokens); `source` `[N]`:
-    each packed token's flat index into the padded `[B, L]` batch."""
+    """One forward: `input_ids`, `position_ids`, `labels` `[k, W]` (k packed rows, each the real tokens of its
+    sequences end to end, then a tail up to the forward's width W); `real` `[k, W]`: the sequences' tokens, not the
+    tail; `source` `[N]`: each real token's flat index into the padded `[B, L]` batch, in the order of `real`."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     labels: torch.Tensor
+    real: torch.Tensor
     source: torch.Tensor
 
 
-def build_pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[int], logits_to_keep: int) -> Pack:
-    """The real tokens of `rows` of the padded batch (`input_ids`, `attention_mask` `[B, L]`), end to end. Labels are
-    the completion tokens (the last `logits_to_keep` columns), -100 elsewhere, as TRL's padded pass scores them."""
-    width = input_ids.size(1)
-    real = attention_mask[rows].bool()  # [r, L]
-    flat = (torch.tensor(rows, device=input_ids.device)[:, None] * width
-            + torch.arange(width, device=input_ids.device)[None, :])[real]  # [N] indices into the flat [B*L] batch
-    ids = input_ids.reshape(-1)[flat]  # [N]
-    lengths = real.sum(dim=1)  # [r]
-    starts = torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)  # [N] each token's sequence start
-    positions = torch.arange(len(flat), device=input_ids.device) - starts  # [N] 0.. per sequence
-    scored = (flat % width) >= width - logits_to_keep  # [N] completion tokens
-    labels = ids.masked_fill(~scored, -100)
-    return Pack(ids[None], positions[None], labels[None], flat)
+def build_pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[list[int]], logits_to_keep: int) -> Pack:
+    """The forward of packed `rows` (each a list of rows of the padded batch `input_ids`, `attention_mask` `[B, L]`).
+
+    Positions restart at 0 for each sequence; a row's tail continues its last sequence's positions (causal attention:
+    no real token sees it, and a row holding one sequence keeps the plain causal mask). Labels are the completion
+    tokens (the last `logits_to_keep` columns), -100 elsewhere, as TRL's padded pass scores them."""
+    device, width = input_ids.device, input_ids.size(1)
+    real_columns = [attention_mask[row].nonzero().flatten() for row in range(attention_mask.size(0))]  # [B][L_i]
+    sources = [torch.cat([index * width + real_columns[index] for index in row]) for row in rows]  # [k][n_r]
+    span = max(len(source) for source in sources)
+    flat_ids = input_ids.reshape(-1)
+    scored = torch.arange(width, device=device) >= width - logits_to_keep  # [L] completion columns
+    ids = input_ids.new_zeros((len(rows), span))  # [k, W]
+    positions = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    real = torch.zeros_like(ids, dtype=torch.bool)
+    for r, (row, source) in enumerate(zip(rows, sources)):
+        n = len(source)
+        lengths = torch.tensor([len(real_columns[index]) for index in row], device=device)
+        starts = torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)  # [n] each token's sequence start
+        tail_start = int(starts[-1]) if n else 0
+        positions[r] = torch.cat([torch.arange(n, device=device) - starts, torch.arange(n, span, device=device) - tail_start])
+        ids[r, :n] = flat_ids[source]
+        labels[r, :n] = flat_ids[source].masked_fill(~scored[source % width], -100)
+        real[r, :n] = True
+    return Pack(ids, positions, labels, real, torch.cat(sources))
 
 
 def packed_logps_and_entropies(
@@ -72,36 +112,48 @@ def packed_logps_and_entropies(
     logits_to_keep: int,
     budget: int | None,
     compute_entropy: bool,
+    one_row: bool = False,
+    recomputed_forward: Callable[[Pack], tuple[torch.Tensor, torch.Tensor | None]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """Per-token log-probs (and entropies) of the completions, `[B, C]` as TRL's padded pass returns them (0 at
-    padding), from one `forward` per pack; and the number of token slots the forwards computed.
+    padding), from the forwards `plan_forwards` lays out; and the number of token slots the forwards computed.
 
-    `forward(pack)` returns the pack's `[1, N]` log-probs and entropies (or `None`), position t scoring token t.
+    `forward(pack)` returns the pack's `[k, W]` log-probs and entropies (or `None`), position t scoring token t.
+    With gradients on and more than one forward, every forward but the last runs through `recomputed_forward`
+    (default `forward`) under activation checkpointing: its activations are recomputed during the backward, one
+    forward's at a time, so the budget bounds the activation memory of the whole micro-batch, not of each forward only.
     """
     batch, width = input_ids.shape  # [B, L]
-    logps = input_ids.new_zeros((batch * width,), dtype=torch.float32)  # [B*L]
-    entropies = torch.zeros_like(logps) if compute_entropy else None
-    out_logps, out_entropies, slots = [], [], 0
-    for rows in plan_packs(attention_mask.sum(dim=1).tolist(), budget):
+    plan = plan_forwards(attention_mask.sum(dim=1).tolist(), budget, one_row)
+    checkpointed = torch.is_grad_enabled() and len(plan) > 1
+    out_logps, out_entropies, sources, slots = [], [], [], 0
+    for number, rows in enumerate(plan):
         pack = build_pack(input_ids, attention_mask, rows, logits_to_keep)
-        pack_logps, pack_entropies = forward(pack)  # [1, N]
+        if checkpointed and number < len(plan) - 1:
+            pack_logps, pack_entropies = torch.utils.checkpoint.checkpoint(
+                recomputed_forward or forward, pack, use_reentrant=False)
+        else:
+            pack_logps, pack_entropies = forward(pack)  # [k, W]
         slots += pack.input_ids.numel()
-        out_logps.append((pack.source, pack_logps[0]))
+        sources.append(pack.source)
+        out_logps.append(pack_logps[pack.real])  # [n]
         if compute_entropy:
-            out_entropies.append((pack.source, pack_entropies[0]))
+            out_entropies.append(pack_entropies[pack.real])
     # Scatter with index_put (differentiable): each packed token back to its padded slot.
-    sources = torch.cat([source for source, _ in out_logps])  # [N_total]
-    logps = logps.to(out_logps[0][1].dtype).index_put((sources,), torch.cat([v for _, v in out_logps]))
+    source = torch.cat(sources)  # [N_total]
+    values = torch.cat(out_logps)
+    logps = values.new_zeros(batch * width).index_put((source,), values).view(batch, width)[:, -logits_to_keep:]
+    entropies = None
     if compute_entropy:
-        entropies = entropies.to(out_entropies[0][1].dtype).index_put((sources,), torch.cat([v for _, v in out_entropies]))
-        entropies = entropies.view(batch, width)[:, -logits_to_keep:]
-    return logps.view(batch, width)[:, -logits_to_keep:], entropies, slots
+        values = torch.cat(out_entropies)
+        entropies = values.new_zeros(batch * width).index_put((source,), values).view(batch, width)[:, -logits_to_keep:]
+    return logps, entropies, slots
 
 
 def fused_head_forward(model, autocast) -> Callable[[Pack], tuple[torch.Tensor, torch.Tensor | None]]:
     """`forward` for `packed_logps_and_entropies` through TRL's fused LM head (`add_fused_lm_head`, or Liger's kernel
-    bound into it): log-probs and entropies of a pack without `[N, V]` logits. The head scores position t+1 from
-    position t; a zero in front aligns it to "position t scores token t" (token 0 of a pack is a prompt token)."""
+    bound into it): log-probs and entropies of a pack without `[k, W, V]` logits. The head scores position t+1 from
+    position t; a zero in front aligns it to "position t scores token t" (token 0 of a packed row is a prompt token)."""
 
     def forward(pack: Pack):
         with autocast():
@@ -109,9 +161,14 @@ def fused_head_forward(model, autocast) -> Callable[[Pack], tuple[torch.Tensor, 
                             fused_lm_head=True)
         pad = torch.nn.functional.pad
         entropy = None if outputs.entropy is None else pad(outputs.entropy, (1, 0))
-        return pad(outputs.log_probs, (1, 0)), entropy  # [1, N]
+        return pad(outputs.log_probs, (1, 0)), entropy  # [k, W]
 
     return forward
+
+
+def one_row_per_forward(attention: str | None) -> bool:
+    """flash-attention reads packed `position_ids` as varlen sequences in a batch of one row only."""
+    return attention is not None and attention.startswith("flash_attention")
 
 
 def attention_problem(attention: str | None) -> str | None:
@@ -120,6 +177,16 @@ def attention_problem(attention: str | None) -> str | None:
         return None
     return (f"padding_free=True needs an attention that reads packed position_ids ({', '.join(PACKABLE_ATTENTION)}); "
             f"attn_implementation={attention!r}: choose one of them or set padding_free=False.")
+
+
+def sharding_problem(distributed_type) -> str | None:
+    """Why `padding_free=True` cannot run under this accelerate distributed type (`None`: it can). The packed
+    forwards but the last call the unwrapped model, which DeepSpeed and FSDP shard."""
+    name = getattr(distributed_type, "value", str(distributed_type))
+    if name in ("DEEPSPEED", "FSDP"):
+        return (f"padding_free=True runs with DDP or a single process; this run uses {name}: set padding_free=False "
+                "or launch with DDP.")
+    return None
 
 
 def check_packable(compute_aux_loss: bool, multimodal: dict) -> None:

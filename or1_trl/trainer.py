@@ -54,7 +54,8 @@ from .evaluation import group_pass_at_k
 from .evaluation import read_summary as read_eval_summary
 from .logprobs import resolve_logprob_backend, use_liger_head
 from .loss import Normaliser, magic_loss, sampled_token_entropy, share
-from .packing import attention_problem, check_packable, fused_head_forward, packed_logps_and_entropies
+from .packing import (attention_problem, check_packable, fused_head_forward, one_row_per_forward,
+                      packed_logps_and_entropies, sharding_problem)
 from .observability import (EntropyWatch, SaveFinalState, SkippedStepWatch, StepTimer, StepTimerCallback,
                             accuracy_metrics, close_progress_bars)
 from .prompts import PromptSchedule, prompt_ids
@@ -144,6 +145,8 @@ class OR1Trainer(GRPOTrainer):
         # Process-wide: the module-level name TRL builds its backend by is swapped during this call only.
         with generation_backend(args) if is_or1 else nullcontext():
             super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *rest, **kwargs)
+        if self._padding_free and (problem := sharding_problem(self.accelerator.distributed_type)):
+            raise ValueError(problem)
         if is_or1:
             policy = self.accelerator.unwrap_model(self.model)
             self.logprob_backend, why = resolve_logprob_backend(args.logprob_backend, policy, self.accelerator.device)
@@ -277,9 +280,14 @@ class OR1Trainer(GRPOTrainer):
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):
         if self._padding_free:  # every pass (policy, old policy, reference) packed under the budget (`packing.py`)
             check_packable(compute_aux_loss, multimodal)
+            # Forwards but the last go around DDP's wrapper (checkpointed: recomputed in the backward), so each rank
+            # runs one wrapped forward per policy pass, whatever its number of forwards.
+            unwrapped = self.accelerator.unwrap_model(model, keep_torch_compile=True)
             logps, entropies, slots = packed_logps_and_entropies(
-                fused_head_forward(model, self.accelerator.autocast), input_ids, attention_mask, logits_to_keep,
-                self.args.max_tokens_per_microbatch, compute_entropy)
+                fused_head_forward(model if torch.is_grad_enabled() else unwrapped, self.accelerator.autocast),
+                input_ids, attention_mask, logits_to_keep, self.args.max_tokens_per_microbatch, compute_entropy,
+                one_row_per_forward(unwrapped.config._attn_implementation),
+                fused_head_forward(unwrapped, self.accelerator.autocast))
             outputs = (logps, entropies, None)
         else:
             outputs = super()._get_per_token_logps_and_entropies(

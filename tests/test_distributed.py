@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from accelerate.commands.config.config_args import load_config_from_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,18 +22,22 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("steps_per_generation", [1, 2])
-def test_rank_with_no_kept_rows_does_not_deadlock(tmp_path, steps_per_generation):
+def launch_rejection_run(tmp_path, *arguments):
     command = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", os.path.join(ROOT, "configs/accelerate/cpu_2proc.yaml"),
         "--main_process_port", str(free_port()),
-        os.path.join(ROOT, "tests/distributed/ddp_rejection.py"), str(tmp_path), str(steps_per_generation),
+        os.path.join(ROOT, "tests/distributed/ddp_rejection.py"), str(tmp_path), *map(str, arguments),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.parametrize("steps_per_generation", [1, 2])
+def test_rank_with_no_kept_rows_does_not_deadlock(tmp_path, steps_per_generation):
+    ranks = launch_rejection_run(tmp_path, steps_per_generation)
     # rank 0 kept its 8 rows per step; rank 1 kept none and ran one zero-weight row per micro-step
     assert ranks[0]["rows_forwarded"] == 2 * 8 * steps_per_generation
     assert ranks[1]["rows_forwarded"] == 2 * steps_per_generation
@@ -41,6 +46,21 @@ def test_rank_with_no_kept_rows_does_not_deadlock(tmp_path, steps_per_generation
     # the update happened and is identical on both ranks (DDP averaged the zero gradient of rank 1 in)
     assert ranks[0]["weights_moved"] > 0
     assert ranks[0]["weights_sum"] == ranks[1]["weights_sum"]
+
+
+def test_packed_ranks_with_different_forward_counts_stay_in_lockstep(tmp_path):
+    """`padding_free` with a small token budget: rank 0 forwards its 8 kept rows in several packed forwards per
+    micro-step, rank 1 its one zero-weight row in one; each still runs one DDP forward and one backward per micro-step,
+    so the all-reduce pairs up, and the run ends with the padded run's weights on both ranks."""
+    padded = launch_rejection_run(tmp_path / "padded", 2, "padded")
+    packed = launch_rejection_run(tmp_path / "packed", 2, 16)
+    for run in (padded, packed):
+        assert run[0]["weights"] == run[1]["weights"]  # DDP kept the ranks identical
+    assert torch.allclose(torch.tensor(packed[0]["weights"]), torch.tensor(padded[0]["weights"]), rtol=1e-5, atol=1e-7)
+    assert packed[0]["weights_moved"] > 1e-3
+    # policy passes with gradients: 2 steps x 2 micro-steps; rank 0 needs more forwards than rank 1 when packed
+    assert padded[0]["forwards_with_grad"] == padded[1]["forwards_with_grad"] == 4
+    assert packed[1]["forwards_with_grad"] == 4 < packed[0]["forwards_with_grad"]
 
 
 def test_two_ranks_agree_on_stages_pool_and_statistics(tmp_path):

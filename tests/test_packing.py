@@ -9,16 +9,26 @@ from trl.trainer.utils import add_fused_lm_head
 
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.logprobs import liger_available, use_liger_head
-from or1_trl.packing import build_pack, fused_head_forward, packed_logps_and_entropies, plan_packs
+from or1_trl.packing import build_pack, fused_head_forward, packed_logps_and_entropies, plan_forwards
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
 from .test_trainer import logged, parity_reward, tagged_dataset
 
 
-def test_plan_packs_fills_the_budget_in_order_and_isolates_long_rows():
-    assert plan_packs([3, 4, 2, 9, 1, 1], budget=7) == [[0, 1], [2], [3], [4, 5]]
-    assert plan_packs([3, 4, 2], budget=None) == [[0, 1, 2]]
-    assert plan_packs([10], budget=4) == [[0]]
+def test_plan_forwards_packs_first_fit_decreasing_under_the_budget():
+    lengths = [3, 4, 2, 9, 1, 1]
+    # sdpa/eager: packed rows at most the longest sequence wide (9), forwards of at most `budget` slots
+    assert plan_forwards(lengths, budget=None, one_row=False) == [[[3], [1, 0, 2], [4, 5]]]
+    assert plan_forwards(lengths, budget=18, one_row=False) == [[[3], [1, 0, 2]], [[4, 5]]]
+    # a budget below the longest sequence: rows at most the budget wide; the longer sequence alone
+    assert plan_forwards(lengths, budget=7, one_row=False) == [[[3]], [[1, 0]], [[2, 4, 5]]]
+    # flash-attention's varlen path: one packed row per forward, up to the budget
+    assert plan_forwards(lengths, budget=None, one_row=True) == [[[3, 1, 0, 2, 4, 5]]]
+    assert plan_forwards(lengths, budget=10, one_row=True) == [[[3, 4]], [[1, 0, 2, 5]]]
+    assert plan_forwards([10], budget=4, one_row=False) == [[[0]]]
+    for budget, one_row in [(None, False), (18, False), (7, False), (10, True)]:  # every row exactly once
+        rows = [r for forward in plan_forwards(lengths, budget, one_row) for packed in forward for r in packed]
+        assert sorted(rows) == list(range(len(lengths)))
 
 
 def padded_batch(prompt_lengths, completion_lengths, vocab, seed=0):
@@ -34,12 +44,15 @@ def padded_batch(prompt_lengths, completion_lengths, vocab, seed=0):
 
 
 def test_build_pack_lays_real_tokens_end_to_end_with_restarting_positions():
-    ids, mask, C = padded_batch([2, 3], [1, 2], vocab=50)
-    pack = build_pack(ids, mask, [0, 1], C)
-    expected = [t for row in range(2) for t in ids[row][mask[row].bool()].tolist()]
-    assert pack.input_ids[0].tolist() == expected
-    assert pack.position_ids[0].tolist() == [0, 1, 2, 0, 1, 2, 3, 4]
+    ids, mask, C = padded_batch([2, 3, 2], [1, 2, 4], vocab=50)
+    pack = build_pack(ids, mask, [[0, 1], [2]], C)
+    real = lambda row: ids[row][mask[row].bool()].tolist()
+    assert pack.input_ids[0].tolist() == real(0) + real(1) and pack.input_ids[1, :6].tolist() == real(2)
+    assert pack.position_ids.tolist() == [[0, 1, 2, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5, 6, 7]]  # tail continues
+    assert pack.real.tolist() == [[True] * 8, [True] * 6 + [False] * 2]
     assert (pack.labels[0] != -100).tolist() == [False, False, True, False, False, False, True, True]
+    assert (pack.labels[1] != -100).tolist() == [False, False, True, True, True, True, False, False]
+    assert ids.reshape(-1)[pack.source].tolist() == pack.input_ids[pack.real].tolist()
 
 
 @pytest.mark.parametrize("backend", ["trl", "liger"])
@@ -60,9 +73,43 @@ def test_packed_logps_and_entropies_equal_the_padded_pass(backend, budget):
     scored = mask[:, -C:].bool()  # [B, C] the completions' real tokens
     assert torch.allclose(logps[scored], padded.log_probs[:, -C:][scored], atol=1e-5, rtol=0)
     assert torch.allclose(entropies[scored], padded.entropy[:, -C:][scored], atol=1e-5, rtol=0)
-    assert (logps[~scored] == 0).all() and slots == int(mask.sum()) < ids.numel()
+    assert (logps[~scored] == 0).all()
+    # sequences of 4, 16, 32, 9 tokens: rows 32 | 16+9+4 (width 32); with a budget of 12, one forward each
+    assert slots == {None: 64, 12: 61}[budget] < ids.numel() and int(mask.sum()) == 61
     logps.sum().backward()  # differentiable through the scatter
     assert model.lm_head.weight.grad is not None
+
+
+def saved_activation_bytes(model, ids, mask, C, budget):
+    """Bytes of the tensors autograd keeps for the backward of one packed policy pass (parameters excluded)."""
+    params = {p.data_ptr() for p in model.parameters()}
+    saved = []
+
+    def pack(tensor):
+        if tensor.data_ptr() not in params:
+            saved.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        logps, entropies, _ = packed_logps_and_entropies(fused_head_forward(model, nullcontext), ids, mask, C, budget,
+                                                         compute_entropy=True)
+    (logps.sum() + entropies.sum()).backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return sum(saved), grads
+
+
+def test_a_budget_bounds_the_activations_kept_for_the_backward():
+    """Under a budget, every forward but the last is checkpointed: the micro-batch's backward keeps one forward's
+    activations, not every row's, and recomputes the others to the same gradients."""
+    model, _ = tiny_model_and_tokenizer(seed=0)
+    add_fused_lm_head(model, temperature=1.0, outputs=("log_probs", "entropy"))
+    ids, mask, C = padded_batch([4] * 8, [28] * 8, vocab=model.config.vocab_size)  # 8 sequences of 32 tokens
+    whole, grads = saved_activation_bytes(model, ids, mask, C, budget=None)  # one forward: 8 rows
+    bounded, bounded_grads = saved_activation_bytes(model, ids, mask, C, budget=64)  # 4 forwards of 2 rows
+    assert bounded < 0.4 * whole
+    for name, grad in grads.items():  # float rounding of sums over 8 rows, relative to the gradient's scale
+        assert (bounded_grads[name] - grad).abs().max() <= 1e-5 * grad.abs().max(), name
 
 
 def train_run(tmp_path, peft=False, **overrides):
@@ -100,8 +147,8 @@ def test_two_steps_packed_end_with_the_padded_runs_parameters(tmp_path, setting)
     assert moved > 1e-3  # far above the tolerance
     assert logged(packed, "loss") == pytest.approx(logged(padded, "loss"), rel=1e-5, abs=1e-7)
     fill_padded, fill_packed = logged(padded, "update/token_fill"), logged(packed, "update/token_fill")
-    assert len(fill_packed) == 2 and all(f == 1.0 for f in fill_packed)
-    assert all(0 < f < 1 for f in fill_padded)
+    assert len(fill_packed) == len(fill_padded) == 2  # the same micro-batches, fewer slots packed
+    assert all(0 < padded_fill < packed_fill <= 1 for padded_fill, packed_fill in zip(fill_padded, fill_packed))
 
 
 def test_packing_settings_are_checked_before_training(tmp_path):
@@ -110,6 +157,16 @@ def test_packing_settings_are_checked_before_training(tmp_path):
     with pytest.raises(ValueError, match="needs an attention that reads packed position_ids"):
         OR1Config(**tiny_training_args(tmp_path, padding_free=True,
                                        model_init_kwargs={"attn_implementation": "flex_attention"}))
+
+
+def test_sharded_models_are_refused_with_the_fix():
+    from accelerate.utils import DistributedType
+
+    from or1_trl.packing import sharding_problem
+
+    assert sharding_problem(DistributedType.MULTI_GPU) is None and sharding_problem(DistributedType.NO) is None
+    for sharded in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+        assert "set padding_free=False or launch with DDP" in sharding_problem(sharded)
 
 
 def test_a_stage_sets_its_own_budget(tmp_path):
