@@ -19,7 +19,8 @@ optimizer updates whose weights the server held), and `result(version)` returns 
 An exception raised on the worker thread re-raises on the training thread, the same exception object (type, cause and
 the worker's traceback kept) with a note saying which rollout it was. `drain()` (stage boundaries: the rollout
 requested with the old stage's settings is returned to the caller, who discards it) and `cancel()` (shutdown)
-leave nothing running.
+leave nothing running; `wait()` lets a weight push outside the step boundary (an evaluation's) wait for the request
+in flight, whose rollout stays pending.
 
 Which log-probs play π_old for a stale rollout: see `docs/async_generation.md` ("The objective").
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+import concurrent.futures
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -90,6 +92,7 @@ class RolloutPrefetch:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=THREAD_NAME)
         self._future: Future | None = None
         self._version: int | None = None
+        self._waited = 0.0  # seconds `wait()` already blocked for the rollout in flight
         self._closed = False
 
     @property
@@ -110,7 +113,7 @@ class RolloutPrefetch:
         if self._future is not None:
             raise RuntimeError(f"RolloutPrefetch.submit: the rollout of weights v{self._version} is still pending; "
                                "take it with result() or drain() first (one rollout in flight).")
-        self._version = version
+        self._version, self._waited = version, 0.0
         self._future = self._executor.submit(_timed, fn, *args, **kwargs)
 
     def result(self, version: int) -> Rollout:
@@ -128,6 +131,16 @@ class RolloutPrefetch:
             raise StaleRolloutError(f"The prefetched rollout claims weights v{rollout.version}, newer than this update's "
                                     f"v{version}: pass the trainer's update count (state.global_step) to both calls.")
         return rollout
+
+    def wait(self) -> None:
+        """Block until the request in flight (if any) has finished, leaving its rollout pending for `result()` (its
+        error too): before any weight push (an evaluation's, say) while a rollout is in flight, since the server must
+        not reload weights in the middle of a request. The seconds waited count in the rollout's `waited_s`."""
+        if self._future is None:
+            return
+        start = time.perf_counter()
+        concurrent.futures.wait([self._future])
+        self._waited += time.perf_counter() - start
 
     def drain(self, version: int | None = None) -> Rollout | None:
         """Wait for the rollout in flight and return it without the staleness check (`None` without one; `version`
@@ -167,7 +180,7 @@ class RolloutPrefetch:
         except Exception as error:
             error.add_note(f"(raised on the rollout thread, in the generation request of weights v{submitted})")
             raise
-        waited_s = time.perf_counter() - start
+        waited_s = self._waited + time.perf_counter() - start
         return Rollout(value, submitted, version - submitted, generation_s, waited_s)
 
 
