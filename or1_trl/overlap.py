@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 import concurrent.futures
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,7 +158,7 @@ class RolloutPrefetch:
         if future is not None and not future.cancel():
             try:
                 future.result()
-            except (Exception, CancelledError):
+            except Exception:
                 pass  # shutting down: the run already ends for another reason
         self._executor.shutdown(wait=True)
         self._closed = True
