@@ -176,6 +176,15 @@ class OR1Config(GRPOConfig):
             TRL's correction off. The default is chosen by `benchmarks/rollout_correction.py` (README).
         rollout_correction_cap (`float`, *optional*, defaults to `2.0`):
             c > 1: the per-token truncation cap and the geometric mask's bound [1/c, c].
+        async_generation (`bool`, *optional*, defaults to `False`):
+            One-step-off rollouts (`or1_trl/overlap.py`, `docs/async_generation.md`): while update k runs, the vLLM
+            server generates the rollout of step k+1 from the weights update k−1 left, requested over HTTP from a
+            background thread; the weights are pushed between updates. Needs `use_vllm=True, vllm_mode="server"` and
+            a `rollout_correction` that weights by the generator's log-probs (not `"off"`): they are the behaviour
+            policy of the stale rollout. Not the paper's recipe, which is on-policy (a warning says so).
+        max_staleness (`int`, *optional*, defaults to `1`):
+            With `async_generation`: the most updates between the weights that generated a rollout and the update
+            that trains on it (logged as `async/staleness`); a staler rollout is an error. At least 1.
         overwrite_output_dir (`bool`, *optional*, defaults to `False`):
             Start over in an `output_dir` that holds a previous run (its `checkpoint-N` folders or
             `prompt_stats.jsonl`): they are removed when training starts. Without it (or `resume_from_checkpoint`,
@@ -379,6 +388,18 @@ class OR1Config(GRPOConfig):
         metadata={"help": "c > 1: per-token truncation cap and geometric-mask bound [1/c, c] of rollout_correction."},
     )
 
+    async_generation: bool = field(
+        default=False,
+        metadata={"help": "One-step-off rollouts: the vLLM server generates step k+1's rollout (weights of update k-1) "
+                  "while update k runs. Needs use_vllm, vllm_mode='server', rollout_correction != 'off'. Not the "
+                  "paper's on-policy recipe."},
+    )
+    max_staleness: int = field(
+        default=1,
+        metadata={"help": "With async_generation: the most updates a rollout may lag the update that trains on it "
+                  "(>= 1; a staler one is an error)."},
+    )
+
     overwrite_output_dir: bool = field(
         default=False,
         metadata={
@@ -468,6 +489,21 @@ class OR1Config(GRPOConfig):
         for name, value in ours.items():
             setattr(self, name, value)
 
+    def _validate_async_generation(self):
+        if self.max_staleness < 1:
+            raise ValueError(f"max_staleness={self.max_staleness} must be >= 1 (updates a rollout may lag).")
+        if not self.async_generation:
+            return
+        if not self.use_vllm or self.vllm_mode != "server":
+            raise ValueError(f"async_generation=True overlaps requests to a vLLM server with training; this run has "
+                             f"use_vllm={self.use_vllm}, vllm_mode={self.vllm_mode!r}: set use_vllm=True, "
+                             "vllm_mode='server' (or1-trl serve), or async_generation=False.")
+        if not self.vllm_importance_sampling_correction:
+            raise ValueError(f"async_generation=True trains on rollouts of older weights, whose log-probs reach the "
+                             f"loss only through the rollout correction, which rollout_correction="
+                             f"{self.rollout_correction!r} turns off: set rollout_correction='geo_mask_token_truncate' "
+                             "or 'token_truncate'.")
+
     @property
     def stage_list(self) -> list[Stage]:
         """`stages` as `Stage` objects (empty without stages)."""
@@ -537,6 +573,9 @@ class OR1Config(GRPOConfig):
             departures.append(f"importance_sampling_level={self.importance_sampling_level!r} (MAGIC: per-token ratios)")
         if self.off_policy_mask_threshold is not None:
             departures.append(f"off_policy_mask_threshold={self.off_policy_mask_threshold} (MAGIC: no off-policy mask)")
+        if self.async_generation:
+            departures.append(f"async_generation=True (MAGIC: on-policy; here a rollout is up to {self.max_staleness} "
+                              "update(s) older than the weights it updates)")
         return departures
 
     def _validate_or1(self):
@@ -616,6 +655,7 @@ class OR1Config(GRPOConfig):
                     f"top_entropy_normalization='selected' would also rescale TRL's KL term (beta={self.beta}), which "
                     "covers every token, not the selected ones. Use top_entropy_normalization='all', or beta=0.0."
                 )
+        self._validate_async_generation()
         departures = self.magic_departures()
         if departures:
             warnings.warn(f"not the paper's objective: {'; '.join(departures)}.", UserWarning, stacklevel=3)
