@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> None:
         replace_block(text, BENCHMARKS[name].script, "")
     for name in names:
         block = run(name, args.quick)
+        with open(args.readme) as f:  # again: edits made while the benchmark ran (minutes) are kept
+            text = f.read()
         text = replace_block(text, BENCHMARKS[name].script, block)
         with open(args.readme, "w") as f:  # after each benchmark: a later failure keeps the earlier ones
             f.write(text)

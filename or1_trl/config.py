@@ -498,6 +498,11 @@ class OR1Config(GRPOConfig):
             raise ValueError(f"async_generation=True overlaps requests to a vLLM server with training; this run has "
                              f"use_vllm={self.use_vllm}, vllm_mode={self.vllm_mode!r}: set use_vllm=True, "
                              "vllm_mode='server' (or1-trl serve), or async_generation=False.")
+        if self.num_iterations != 1 or self.steps_per_generation != self.gradient_accumulation_steps:
+            raise ValueError(f"async_generation=True requests one rollout per update; this run has num_iterations="
+                             f"{self.num_iterations}, steps_per_generation={self.steps_per_generation} and "
+                             f"gradient_accumulation_steps={self.gradient_accumulation_steps}: set num_iterations=1 "
+                             "and steps_per_generation=gradient_accumulation_steps (the recipe's N_SGD=1).")
         if not self.vllm_importance_sampling_correction:
             raise ValueError(f"async_generation=True trains on rollouts of older weights, whose log-probs reach the "
                              f"loss only through the rollout correction, which rollout_correction="

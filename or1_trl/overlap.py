@@ -194,3 +194,118 @@ def rollout_threads() -> list[threading.Thread]:
     """The live worker threads of every `RolloutPrefetch` (none after `cancel()`)."""
     return [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME)]
 
+
+
+class PrefetchedClient:
+    """The main process's vLLM client as TRL's `VLLMGeneration` calls it, answering a generation request that equals
+    the rollout in flight (same prompts and sampling parameters) with that rollout; any other request (the first of a
+    run or of a stage, a refill, an evaluation) goes to the server as usual. Every other attribute is the client's."""
+
+    def __init__(self, client, rollouts: "OverlappedRollouts"):
+        self._client, self._rollouts = client, rollouts
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def generate(self, **request):
+        return self._rollouts.serve(request, self._client.generate)
+
+
+class OverlappedRollouts:
+    """One-step-off rollouts as `OR1Trainer` runs them (`OR1Config.async_generation`), over TRL's own generation path.
+
+    Step k (the update from weights v_{k−1}), on the training thread:
+
+    1. `batches`: the data loader is read one step ahead: step k's batches were fetched at step k−1, step k+1's now;
+    2. `wait`: before TRL pushes v_{k−1} the request in flight (step k's prompts, weights v_{k−2}) finishes, so the
+       server never reloads weights during a request;
+    3. TRL pushes the weights and asks for step k's completions; `serve` (main process, inside TRL's
+       `VLLMGeneration.generate`) answers with the rollout in flight when the request equals it (staleness 1), else
+       sends it (staleness 0: the first step, after a resume or a stage change);
+    4. `submit_next`: every rank tokenizes its step-k+1 prompts as TRL does, they are gathered (a collective, on the
+       training thread) and the main process requests them on the rollout thread, with step k's sampling parameters,
+       under weights version k−1; the request runs while step k is scored, rejected, refilled and trained on.
+
+    A checkpoint does not hold the request in flight: its prompts were not recorded (`PromptSchedule` counts a batch
+    when it is scored; transformers skips batches by steps), so a resumed run generates them again, from the resumed
+    weights. `reset` (a stage boundary) discards it with the lookahead; `close` ends the rollout thread.
+    """
+
+    def __init__(self, max_staleness: int, is_main_process: bool):
+        self.prefetch = RolloutPrefetch(max_staleness) if is_main_process else None
+        self._lookahead = None  # (epoch iterator, what get_batch_samples returned for the next step)
+        self._pending_request: dict | None = None  # the request in flight (main process)
+        self._sampling: dict | None = None  # sampling parameters of the last step's request (main process)
+        self._background = None  # the rollout thread's own client (a requests.Session is not thread-safe)
+        self._version = 0  # the update the current step's rollout is for (main process)
+        self._regular = False  # the next request is the step's rollout (not a refill, not an evaluation)
+        self.metrics: dict[str, float] = {}  # `async/*` of the last step's rollout (main process)
+
+    def attach(self, vllm_generation, background_client) -> None:
+        """Main process: answer TRL's requests through `PrefetchedClient`; `background_client` sends the prefetches."""
+        vllm_generation.vllm_client = PrefetchedClient(vllm_generation.vllm_client, self)
+        self._background = background_client
+
+    def batches(self, epoch_iterator, fetch: Callable[[], tuple]) -> tuple:
+        """`get_batch_samples`' result for this step (fetched one step ago from the same iterator, else now) and the
+        next step's, kept."""
+        ahead = self._lookahead
+        current = ahead[1] if ahead is not None and ahead[0] is epoch_iterator else fetch()
+        self._lookahead = (epoch_iterator, fetch())
+        return current
+
+    def next_prompts(self) -> list | None:
+        """This rank's prompts of the next step (its first generation batch), `None` when the data ran out."""
+        if self._lookahead is None or not self._lookahead[1][0]:
+            return None
+        return [row["prompt"] for row in self._lookahead[1][0][0]]
+
+    def wait(self) -> None:
+        """Before a weight push: the request in flight finishes first (its rollout stays pending)."""
+        if self.prefetch is not None:
+            self.prefetch.wait()
+
+    def serve(self, request: dict, send: Callable) -> dict:
+        """TRL's generation request on the main process: the rollout in flight if `request` is it, else `send` it."""
+        if self._regular:  # the step's sampling parameters, for the next step's request
+            self._regular = False
+            self._sampling = {key: value for key, value in request.items() if key not in ("prompts", "features")}
+        if self.prefetch is not None and self.prefetch.pending and request == self._pending_request:
+            rollout = self.prefetch.result(self._version)
+            self._pending_request, self.metrics = None, rollout.metrics()
+            return rollout.value
+        return send(**request)
+
+    def step_request(self, version: int) -> None:
+        """Main process, before step k's regular request: the version its update starts from (for staleness); the
+        step's metrics default to a request sent now (staleness 0, nothing hidden)."""
+        self._version, self._regular = version, True
+        self.metrics = {f"{PREFIX}/staleness": 0.0, f"{PREFIX}/overlap": 0.0}
+
+    def submit_next(self, version: int, prompt_ids: list[list[int]] | None, num_generations: int) -> None:
+        """Main process: request the next step's prompts (all ranks', gathered) on the rollout thread."""
+        if self.prefetch is None or prompt_ids is None or self._sampling is None:
+            return
+        if self.prefetch.pending:  # a rollout no step asked for (the data or the sampling changed): discarded
+            self.prefetch.drain()
+        request = {"prompts": prompt_ids[::num_generations], "features": None, **self._sampling}
+        self._pending_request = request
+        self.prefetch.submit(version, self._background.generate, **request)
+
+    def reset(self) -> None:
+        """A stage boundary: the rollout in flight and the lookahead were for the previous stage's shape."""
+        if self.prefetch is not None and self.prefetch.pending:
+            self.prefetch.drain()
+        self._lookahead = self._pending_request = None
+
+
+
+def background_client(client):
+    """A second HTTP client to the server of `client` (its URL, key, timeout and server watch), for the rollout
+    thread: a `requests.Session` must not be shared across threads."""
+    from .weight_sync import http_vllm_client
+
+    twin = http_vllm_client(base_url=client.base_url, connection_timeout=getattr(client, "connection_timeout", 0),
+                            api_key=getattr(client, "api_key", None))
+    twin.watch = getattr(client, "watch", None)
+    return twin

@@ -33,10 +33,12 @@ With every OR1 feature off (`rejection_sampling="off"`, `use_adaptive_entropy=Fa
 
 from __future__ import annotations
 
+import copy
 import os
 from contextlib import nullcontext
 
 import torch
+from accelerate.utils import gather_object
 from datasets import Dataset
 from transformers import trainer as hf_trainer
 from transformers.trainer_callback import TrainerState
@@ -56,6 +58,7 @@ from .logprobs import resolve_logprob_backend, use_liger_head
 from .loss import Normaliser, magic_loss, sampled_token_entropy, share
 from .packing import (attention_problem, check_packable, fused_head_forward, one_row_per_forward,
                       packed_logps_and_entropies, sharding_problem)
+from .overlap import OverlappedRollouts, background_client
 from .observability import (EntropyWatch, SaveFinalState, SkippedStepWatch, StepTimer, StepTimerCallback,
                             accuracy_metrics, close_progress_bars)
 from .prompts import PromptSchedule, prompt_ids
@@ -160,6 +163,15 @@ class OR1Trainer(GRPOTrainer):
         self._entropy_watch = EntropyWatch.for_config(args) if is_or1 else None
         self._skipped_watch = SkippedStepWatch.for_config(args)
         self._rollout_correction = RolloutCorrection.for_config(args) if is_or1 and self.use_vllm else None
+        self._overlap = self._regular_rollout = None  # one-step-off rollouts (`overlap.py`), with async_generation
+        if is_or1 and args.async_generation:
+            if self.rollout_func is not None or self.tools or self.environment_factories is not None:
+                raise ValueError("async_generation=True prefetches single-turn rollouts: it does not run with tools, "
+                                 "environment_factory or rollout_func; set async_generation=False.")
+            self._overlap = OverlappedRollouts(args.max_staleness, self.accelerator.is_main_process)
+            if self.accelerator.is_main_process:
+                client = self.vllm_generation.vllm_client
+                self._overlap.attach(self.vllm_generation, background_client(client))
         if self._stages:
             self.args.ignore_data_skip = True  # the prompt sampler restores its own position on resume
             self.add_callback(stages.StageEnd(lambda: self._stage))  # saves and stops at the stage's last step
@@ -221,6 +233,7 @@ class OR1Trainer(GRPOTrainer):
         return batch
 
     def _generate_and_score_completions(self, inputs):
+        self._regular_rollout = self.model.training  # the step's own rollout (refills come later, in `more`)
         batch = self._scored(inputs)
         if not self.model.training:  # evaluation: avg@n and unbiased pass@k per eval prompt, over all ranks
             for name, values in group_pass_at_k(self._rollouts["eval"].rewards.tolist(), self.num_generations_eval).items():
@@ -397,9 +410,28 @@ class OR1Trainer(GRPOTrainer):
         return self._step_timer.phase(phase) if self.model.training else nullcontext()
 
     def _generate(self, prompts):
+        regular, self._regular_rollout = self._overlap is not None and self._regular_rollout, False
+        if self._overlap is not None:
+            if self.state.global_step != self._last_loaded_step:  # TRL pushes weights next: no request in flight
+                self._overlap.wait()
+            if regular:
+                self._overlap.step_request(self.state.global_step)
         # vLLM server down past `vllm_server_timeout`: a complete checkpoint, then one line (`server_health.py`)
         with self._timed("rollout"), server_health.stop_with_checkpoint(self):
-            return super()._generate(prompts)
+            output = super()._generate(prompts)
+            if regular:  # one-step-off: the next step's prompts go to the server while this step trains
+                self._log_metrics(self._overlap.metrics)
+                self._request_next_rollout()
+        return output
+
+    def _request_next_rollout(self) -> None:
+        """Every rank: the next step's prompts, tokenized as TRL does, gathered; the main process sends them."""
+        end = self._stage.until_step if self._stage is not None else self.state.max_steps
+        prompts = self._overlap.next_prompts() if self.state.global_step + 1 < end else None
+        if prompts is None:
+            return
+        prompt_ids = gather_object(self._tokenize_prompts(copy.deepcopy(prompts))[0])
+        self._overlap.submit_next(self.state.global_step, prompt_ids, self.num_generations)
 
     def _prepare_inputs(self, generation_batch):
         with self._timed("other"):  # the rollout's bookkeeping; generation and rewards inside it are timed as such
@@ -456,6 +488,14 @@ class OR1Trainer(GRPOTrainer):
         """`Trainer.train` from complete checkpoints only (`checkpoint.py`; a previous run's `output_dir` needs
         `resume_from_checkpoint` or `overwrite_output_dir=True`), over every stage of `OR1Config.stages`: one pass of
         transformers' loop each, ending with a checkpoint the next resumes from, so all state carries over."""
+        try:
+            return self._train_stages(resume_from_checkpoint, trial, **kwargs)
+        finally:  # a rollout requested ahead is not trained on after the run (nor saved: `overlap.py`)
+            if self._overlap is not None:
+                self._overlap.reset()
+
+    def _train_stages(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
+        """The body of `train`, stage by stage."""
         overwrite = getattr(self.args, "overwrite_output_dir", False)  # OR1Config's (relaunch safety)
         checkpoint.prepare_output_dir(self.args.output_dir, resume_from_checkpoint, overwrite, self.accelerator.is_main_process)
         self.accelerator.wait_for_everyone()
@@ -484,7 +524,10 @@ class OR1Trainer(GRPOTrainer):
             folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        batches = super().get_batch_samples(epoch_iterator, num_batches, device)
+        def fetch():
+            return super(OR1Trainer, self).get_batch_samples(epoch_iterator, num_batches, device)
+
+        batches = self._overlap.batches(epoch_iterator, fetch) if self._overlap is not None else fetch()
         if self._rng_to_restore is not None:
             # transformers restores the checkpoint's RNG before the data loader iterator draws a seed from it (unless it
             # skips batches; our sampler restores its own position). Restore it after the first fetch, as transformers
@@ -515,6 +558,8 @@ class OR1Trainer(GRPOTrainer):
             self.generation_config.max_new_tokens = shape.max_completion_length
             self.generation_config.temperature = shape.temperature
         self._step, self._buffered_inputs = 0, None  # TRL's generation counter restarts with the new shape
+        if self._overlap is not None:  # the rollout in flight had the previous stage's shape: discarded
+            self._overlap.reset()
 
     def _get_train_sampler(self, dataset=None):
         if not self._stages:
