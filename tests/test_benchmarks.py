@@ -231,7 +231,8 @@ def test_quick_rollout_correction_benchmark_is_consistent(tmp_path):
 
 def test_quick_packing_benchmark_is_consistent(tmp_path):
     """`benchmarks/packing.py --quick`: a row per model and shape, the long-tailed shape's padded fill below half and
-    the demo's above; the goal line reports the worst ratio the rows show (no timing is asserted)."""
+    the demo's above; the goal lines report the worst ratios the rows show, the memory table's growth the ratio of
+    its peaks (no timing or memory figure is asserted)."""
     copy = tmp_path / "README.md"
     copy.write_text("<!-- benchmarks/packing.py -->\n<!-- /benchmarks/packing.py -->\n")
     result = run_update("packing", "--quick", "--readme", str(copy))
@@ -241,8 +242,22 @@ def test_quick_packing_benchmark_is_consistent(tmp_path):
             if line.startswith("| tiny") or line.startswith("| deeper")]
     assert [(r[0], r[1]) for r in rows] == [("tiny", "demo"), ("tiny", "long-tailed"), ("deeper", "demo"),
                                             ("deeper", "long-tailed")]
-    ratios = {(r[0], r[1]): [float(re.search(r"\*\*(\S+)×\*\*", cell).group(1)) for cell in r[5:7]] for r in rows}
+    assert all(len(r) == 8 for r in rows)
+    # [old-policy, policy, policy under the budget], each against the padded policy pass's
+    ratios = {(r[0], r[1]): [float(re.search(r"\*\*(\S+)×\*\*", cell).group(1)) for cell in r[5:8]] for r in rows}
     fills = {(r[0], r[1]): float(r[4].rstrip("%")) for r in rows}
     assert fills[("tiny", "long-tailed")] < 50 < fills[("tiny", "demo")]
-    worst = max(ratios[("tiny", "long-tailed")][1], ratios[("deeper", "long-tailed")][1])
-    assert f"worst {worst:.2f}×" in block and ("— met" if worst <= 0.5 else "— missed") in block
+    worst = max(ratios[(model, "long-tailed")][1] for model in ("tiny", "deeper"))
+    assert f"0.4× the cap: worst {worst:.2f}× — {'met' if worst <= 0.5 else 'missed'}" in block
+    worst_demo = max(max(ratios[(model, "demo")][:2]) for model in ("tiny", "deeper"))
+    assert f"demo's shape: worst {worst_demo:.2f}×" in block
+    memory = [[cell.strip() for cell in line.strip("|").split("|")] for line in block.splitlines()
+              if re.match(r"\| \d+ \|", line)]
+    assert [int(r[0]) for r in memory] == [8, 16]  # --quick: 8 rows, then twice as many
+    peaks = [[float(cell.removesuffix(" GB")) for cell in r[1:]] for r in memory]  # padded, packed, budget
+    line = next(line for line in block.splitlines() if line.startswith("Twice the rows"))
+    printed = [float(x) for x in re.findall(r"(?:padded|packed|budget) (\d+\.\d+)×", line)]
+    assert len(printed) == 3
+    for i, growth in enumerate(printed):  # within what the table's peaks, rounded to 0.01 GB, allow
+        assert (peaks[1][i] - 0.005) / (peaks[0][i] + 0.005) - 0.005 <= growth <= (peaks[1][i] + 0.005) / (peaks[0][i] - 0.005) + 0.005
+    assert ("— met" if printed[2] <= 1.2 else "— missed") in line
