@@ -38,7 +38,7 @@ import os
 from contextlib import nullcontext
 
 import torch
-from accelerate.utils import gather_object
+from accelerate.utils import broadcast_object_list, gather_object
 from datasets import Dataset
 from transformers import trainer as hf_trainer
 from transformers.trainer_callback import TrainerState
@@ -420,7 +420,7 @@ class OR1Trainer(GRPOTrainer):
         with self._timed("rollout"), server_health.stop_with_checkpoint(self):
             output = super()._generate(prompts)
             if regular:  # one-step-off: the next step's prompts go to the server while this step trains
-                self._log_metrics(self._overlap.metrics)
+                self._log_metrics(broadcast_object_list([self._overlap.metrics])[0])  # measured by the main process
                 self._request_next_rollout()
         return output
 

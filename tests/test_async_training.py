@@ -7,7 +7,7 @@ import os
 import torch
 
 from .test_trainer import logged
-from .test_vllm_server import DIFF, STAGES, TOL, tied_trainer
+from .test_vllm_server import DIFF, STAGES, TOL, tied_trainer, two_trainer_processes
 
 STALENESS, OVERLAP = "async/staleness", "async/overlap"
 
@@ -49,3 +49,14 @@ def test_a_resumed_run_first_generates_from_the_resumed_weights(vllm_server, tmp
     diffs = logged(resumed, DIFF)[2:]
     assert len(diffs) == 2 and diffs[0] < TOL and diffs[1] > 100 * TOL, diffs
     assert any(not torch.equal(a, b) for a, b in zip(first.model.parameters(), resumed.model.parameters()))
+
+
+def test_two_trainer_processes_overlap_against_one_server(vllm_server, tmp_path):
+    """2 trainer processes (gloo), one server: every rank's prompts of step k+1 go out in one request from the main
+    process while both ranks train step k; both ranks train on the same weights and log the same staleness."""
+    ranks = two_trainer_processes(vllm_server, tmp_path, "async")
+    assert ranks[0]["weights_sum"] == ranks[1]["weights_sum"] and ranks[0]["weights_moved"] > 0
+    assert ranks[0]["staleness"] == ranks[1]["staleness"] == [0, 1, 1]
+    diffs = ranks[0]["diffs"]
+    assert len(diffs) == 3 and diffs[0] < TOL and min(diffs[1:]) > 100 * TOL, diffs  # steps 2, 3: one update stale
+    assert ranks[0]["syncs"] == 3 and ranks[1]["syncs"] == 0  # one push per step, by the main process

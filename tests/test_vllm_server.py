@@ -171,20 +171,26 @@ def test_peft_syncs_merged_weights(vllm_server, tmp_path):
     assert len(diffs) == 3 and max(diffs) < TOL, diffs
 
 
-def test_two_trainer_processes_one_server(vllm_server, tmp_path):
-    """2 trainer processes (gloo) share one server: rank 0 writes the weights, both wait, both train the same. They
-    get the server's key from `$OR1_VLLM_API_KEY` only (no config field)."""
+def two_trainer_processes(vllm_server, tmp_path, mode="sync") -> list[dict]:
+    """`tests/distributed/vllm_server_2proc.py` under `accelerate launch` (2 processes, gloo): what each rank wrote."""
     command = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", os.path.join(ROOT, "configs/accelerate/cpu_2proc.yaml"),
         "--main_process_port", str(free_port()),
-        os.path.join(ROOT, "tests/distributed/vllm_server_2proc.py"), str(tmp_path), vllm_server.url,
+        os.path.join(ROOT, "tests/distributed/vllm_server_2proc.py"), str(tmp_path), vllm_server.url, mode,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}
     assert env[API_KEY_ENV] == vllm_server.api_key
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
-    ranks = [json.loads((tmp_path / f"vllm_rank{r}.json").read_text()) for r in (0, 1)]
+    return [json.loads((tmp_path / f"vllm_rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_two_trainer_processes_one_server(vllm_server, tmp_path):
+    """2 trainer processes (gloo) share one server: rank 0 writes the weights, both wait, both train the same. They
+    get the server's key from `$OR1_VLLM_API_KEY` only (no config field)."""
+    ranks = two_trainer_processes(vllm_server, tmp_path)
+    assert ranks[0]["staleness"] == []  # synchronous: no async metrics
     assert ranks[0]["weights_sum"] == ranks[1]["weights_sum"] and ranks[0]["weights_moved"] > 0
     assert len(ranks[0]["diffs"]) == 3 and max(ranks[0]["diffs"]) < TOL, ranks[0]["diffs"]
     assert ranks[0]["syncs"] == 3 and ranks[1]["syncs"] == 0  # only the main process writes

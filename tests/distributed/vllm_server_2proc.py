@@ -1,7 +1,7 @@
 """Run by tests/test_vllm_server.py under `accelerate launch` with 2 CPU processes (gloo) against one vLLM server.
 
 Each rank writes the logged server/trainer log-prob differences, how many weight pushes it made, and a fingerprint
-of its weights."""
+of its weights. A third argument "async" trains with one-step-off rollouts (tests/test_async_training.py)."""
 
 import json
 import sys
@@ -13,12 +13,13 @@ from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 from tests.test_trainer import ScriptedReward, tagged_dataset
 
 
-def main(output_dir, url):
+def main(output_dir, url, mode="sync"):
     model, tokenizer = tiny_model_and_tokenizer(seed=0, tie_word_embeddings=True)
     initial = torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
     args = OR1Config(**tiny_training_args(
         output_dir, max_steps=3, learning_rate=1e-2, ddp_backend="gloo", use_vllm=True, vllm_mode="server",
         vllm_server_base_url=url, vllm_weight_sync="disk", generation_kwargs={"ignore_eos": True},
+        async_generation=mode == "async",
     ))
     trainer = OR1Trainer(
         model, ScriptedReward(), args=args, train_dataset=tagged_dataset(["MIX", "ALL"] * 8), processing_class=tokenizer
@@ -32,6 +33,7 @@ def main(output_dir, url):
                 "diffs": [e["sampling/sampling_logp_difference/max"] for e in trainer.state.log_history
                           if "sampling/sampling_logp_difference/max" in e],
                 "syncs": sync.version if sync is not None else 0,
+                "staleness": [e["async/staleness"] for e in trainer.state.log_history if "async/staleness" in e],
                 "weights_sum": final.double().sum().item(),
                 "weights_moved": (final - initial).abs().max().item(),
             },
@@ -40,4 +42,4 @@ def main(output_dir, url):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])
