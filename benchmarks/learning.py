@@ -36,7 +36,9 @@ The GRPOTrainer arms use `GRPOConfig`'s defaults otherwise.
 
 **Toy (i), "plain"** (the demo's regime): SFT completions ` \\boxed{a+b}` (≤ 7 tokens with EOS), RL prompts = the 70
 RL additions, max completion length 12 (nothing is truncated), 200 steps. Arms: `or1` (OR1Config) and `grpo`
-(GRPOConfig). Target gain: +0.10.
+(GRPOConfig); named with `--arms`, the pair `or1_server` / `or1_async`: the OR1 arm generating on a vLLM CPU server
+(started by this script, `scripts/install_vllm_cpu.sh`; disk weight sync), synchronous and with one-step-off
+rollouts (`async_generation=True`): what training on rollouts one update stale costs in steps. Target gain: +0.10.
 
 **Toy (ii), "magic"** (built for MAGIC's regime):
 - a pool where many prompts become solved: the 70 training additions plus 100 easy prompts "Q: n=? A:" (answer n,
@@ -71,6 +73,7 @@ evaluation (2 samples per prompt) every 2 steps: its numbers mean nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import pathlib
 import random
@@ -112,12 +115,16 @@ class Toy:
 
 
 TOYS = {
-    "plain": Toy("plain", steps=200, target_gain=0.10, sft_steps=60, long_forms=False, easy_prompts=0, context=12),
+    "plain": Toy("plain", steps=200, target_gain=0.10, sft_steps=60, long_forms=False, easy_prompts=0, context=12,
+                 arms=("or1", "grpo", "or1_server", "or1_async")),
     "magic": Toy("magic", steps=200, target_gain=0.08, sft_steps=120, long_forms=True, easy_prompts=100, context=16,
                  stage1=(60, 8), arms=("or1", "grpo", "or1_offpolicy", "grpo_offpolicy", "or1_mask_after", "or1_mask_before")),
 }
-PAIRS = {"plain": [("or1", "grpo")], "magic": [("or1", "grpo"), ("or1_offpolicy", "grpo_offpolicy"),
+PAIRS = {"plain": [("or1", "grpo"), ("or1_async", "or1_server")], "magic": [("or1", "grpo"), ("or1_offpolicy", "grpo_offpolicy"),
                                                ("or1_mask_after", "grpo"), ("or1_mask_before", "grpo")]}
+# Arms that generate on a vLLM CPU server (`--server-arms`): the recipe synchronous, and with one-step-off rollouts.
+SERVER_ARMS = {"or1_server": False, "or1_async": True}
+SERVER: dict = {}  # the one server of a run: {"url": ..., "process": ...}, started at the first server arm
 # The paper's advantage masks for truncated responses (§3.2.3; `OR1Config.truncated_advantage_mask`), on the OR1 arm.
 MASKS = {"or1_mask_after": "after", "or1_mask_before": "before"}
 
@@ -207,7 +214,7 @@ class Evaluation(TrainerCallback):
         including EOS) — the same measurement for every trainer."""
         model, tokenizer = trainer.model, trainer.processing_class
         encoded = tokenizer(list(prompts["prompt"]), return_tensors="pt", padding=True, padding_side="left")
-        kwargs = {**trainer.generation_kwargs, "max_new_tokens": self.context, "num_return_sequences": samples,
+        kwargs = {**evaluation_sampling(trainer), "max_new_tokens": self.context, "num_return_sequences": samples,
                   "output_scores": True, "return_dict_in_generate": True}
         was_training = model.training
         model.eval()
@@ -224,6 +231,17 @@ class Evaluation(TrainerCallback):
         answers = [a for a in prompts["answer"] for _ in range(samples)]
         accuracy = sum(correct(t, a) for t, a in zip(texts, answers)) / len(texts)
         return accuracy, float((entropy * valid).sum() / valid.sum())
+
+
+def evaluation_sampling(trainer) -> dict:
+    """The HF `generate` settings of the trainer's sampling: TRL's own where it generates with HF (its
+    `generation_kwargs`), the same fields built from the trainer where it generates on a vLLM server."""
+    if hasattr(trainer, "generation_kwargs"):
+        return trainer.generation_kwargs
+    tokenizer = trainer.processing_class
+    return {"do_sample": True, "pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": trainer.eos_token_ids, "temperature": trainer.temperature, "top_p": trainer.top_p,
+            "top_k": trainer.top_k, "min_p": trainer.min_p, "repetition_penalty": trainer.repetition_penalty}
 
 
 def target_reached(points: list[dict], gain: float, window: int = TARGET_WINDOW) -> dict | None:
@@ -271,6 +289,9 @@ def arm_config(toy: Toy, arm: str, seed: int, output_dir: str, steps: int, stage
              "mini_batch_size": mini},
             {"until_step": steps, "max_completion_length": toy.context, "batch_size": batch, "mini_batch_size": mini},
         ])
+    if arm in SERVER_ARMS:
+        settings.update(use_vllm=True, vllm_mode="server", vllm_server_base_url=SERVER["url"],
+                        vllm_weight_sync="disk", async_generation=SERVER_ARMS[arm])
     import warnings
 
     with warnings.catch_warnings():  # the N_SGD > 2 warning of OR1Config: this arm measures exactly that
@@ -294,7 +315,41 @@ def starting_model(toy: Toy, seed: int, workdir: str, sft_steps: int, cache: dic
     return (AutoModelForCausalLM.from_pretrained(path), tokenizer, *datasets)
 
 
+def start_server(workdir: str) -> None:
+    """The vLLM CPU server of the server arms (`scripts/install_vllm_cpu.sh`), serving the tiny architecture: each
+    run's first weight sync replaces its weights with the run's own."""
+    import socket
+
+    from or1_trl.serve import start_server as serve
+    from or1_trl.testing import VLLM_CPU_ARGS, save_tiny_model, vllm_python
+
+    if vllm_python() is None:
+        sys.exit("the server arms need the vLLM CPU venv: run `bash scripts/install_vllm_cpu.sh` first")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    path = save_tiny_model(f"{workdir}/server-model")
+    log = open(f"{workdir}/server.log", "w")
+    SERVER["process"], SERVER["url"] = serve(path, "disk", port=port, python=vllm_python(), extra_args=VLLM_CPU_ARGS,
+                                             log_file=log)
+
+
+@contextlib.contextmanager
+def stop_server_at_exit():
+    """The server arms' server stops with the run, whether it ends or fails."""
+    try:
+        yield
+    finally:
+        if SERVER:
+            process = SERVER.pop("process")
+            SERVER.clear()
+            process.terminate()
+            process.wait(timeout=60)
+
+
 def run(toy: Toy, arm: str, seed: int, workdir: str, cache: dict, quick: bool) -> dict:
+    if arm in SERVER_ARMS and not SERVER:
+        start_server(workdir)
     steps = 4 if quick else toy.steps
     stage1_until = (2 if quick else toy.stage1[0]) if toy.stage1 else None
     model, tokenizer, rl, train_problems, held_out = starting_model(toy, seed, workdir, 2 if quick else toy.sft_steps,
@@ -346,7 +401,8 @@ def bootstrap_ratio(x: list[float], y: list[float], samples: int = BOOTSTRAP, se
 
 NAMES = {"or1": "OR1 recipe", "grpo": "GRPOTrainer", "or1_offpolicy": "OR1 recipe, N_SGD = 4",
          "grpo_offpolicy": "GRPOTrainer, N_SGD = 4", "or1_mask_after": "OR1 recipe, truncated: Adv-Mask After",
-         "or1_mask_before": "OR1 recipe, truncated: Adv-Mask Before"}
+         "or1_mask_before": "OR1 recipe, truncated: Adv-Mask Before", "or1_server": "OR1 recipe, vLLM server",
+         "or1_async": "OR1 recipe, vLLM server, one-step-off"}
 
 
 def markdown(results: dict, seeds: list[int], quick: bool) -> str:
@@ -372,7 +428,7 @@ def markdown(results: dict, seeds: list[int], quick: bool) -> str:
                 f"{mean('final_accuracy', '.3f')} | {mean('train_start', '.3f')} → {mean('train_end', '.3f')} | "
                 f"{mean('eval_entropy', '.3f')} | {mean('train_entropy', '.3f')} | "
                 f"{mean('truncation_early', '.0%')} | {mean('zero_std', '.0%')} |")
-        lines += ["", "| ratio OR1 / GRPO | steps | wall clock | generated tokens |", "|---|---:|---:|---:|"]
+        lines += ["", "| ratio (paired by seed) | steps | wall clock | generated tokens |", "|---|---:|---:|---:|"]
         for ours, theirs in PAIRS[toy_name]:
             if ours not in arms or theirs not in arms:
                 continue
@@ -398,10 +454,11 @@ def main(argv=None):
     results: dict = {}
     cache: dict = {}
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="or1-learning-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="or1-learning-") as workdir, stop_server_at_exit():
         for toy_name in args.toys:
             toy = TOYS[toy_name]
-            arms = [a for a in toy.arms if args.arms is None or a in args.arms]
+            # the server arms run only when named (`--arms or1_server or1_async`): they need the vLLM CPU venv
+            arms = [a for a in toy.arms if (a in args.arms if args.arms else a not in SERVER_ARMS)]
             results[toy_name] = {arm: [] for arm in arms}
             for seed in seeds:
                 for arm in arms:  # seed-major: every arm of a seed runs before the next seed (same load for all)

@@ -48,6 +48,7 @@ BENCHMARKS = {
     "learning": Benchmark("benchmarks/learning.py", (), ("--quick",)),
     "rollout_correction": Benchmark("benchmarks/rollout_correction.py", (), ("--quick",)),
     "packing": Benchmark("benchmarks/packing.py", (), ("--quick",)),
+    "async_generation": Benchmark("benchmarks/async_generation.py", (), ("--quick",)),
 }
 
 

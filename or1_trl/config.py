@@ -181,7 +181,10 @@ class OR1Config(GRPOConfig):
             server generates the rollout of step k+1 from the weights update k−1 left, requested over HTTP from a
             background thread; the weights are pushed between updates. Needs `use_vllm=True, vllm_mode="server"` and
             a `rollout_correction` that weights by the generator's log-probs (not `"off"`): they are the behaviour
-            policy of the stale rollout. Not the paper's recipe, which is on-policy (a warning says so).
+            policy of the stale rollout; one rollout per update (`num_iterations=1`, `steps_per_generation` =
+            `gradient_accumulation_steps`); single-turn generation (no tools, environments or `rollout_func`). The
+            first step, a stage's first and the first after a resume generate synchronously. Not the paper's
+            recipe, which is on-policy (a warning says so).
         max_staleness (`int`, *optional*, defaults to `1`):
             With `async_generation`: the most updates between the weights that generated a rollout and the update
             that trains on it (logged as `async/staleness`); a staler rollout is an error. At least 1.

@@ -25,6 +25,7 @@ generating from weights it cannot check.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from contextlib import contextmanager
 
@@ -85,6 +86,9 @@ class ServerWatch:
         self.timeout = float(timeout)
         self.weights = weights
         self.resyncs = 0
+        # With `async_generation` the rollout thread's request and the training thread's refill may both find a
+        # restarted server: one resyncs it, the other then finds it current.
+        self._lock = threading.Lock()
 
     def healthy(self) -> bool:
         import requests
@@ -100,6 +104,10 @@ class ServerWatch:
     def ready(self, down_since: float | None = None, check_weights: bool = True) -> None:
         """Return once the server answers `/health` (waiting up to `timeout` s from `down_since`, default now) and
         holds the trainer's weights (resyncing it otherwise); `ServerDownError` if it does not come back in time."""
+        with self._lock:
+            self._ready(down_since, check_weights)
+
+    def _ready(self, down_since: float | None, check_weights: bool) -> None:
         if not self.healthy():
             if self.weights is None:
                 raise self.down_error("stopped answering and its weights cannot be checked in nccl mode")

@@ -90,6 +90,33 @@ def test_training_waits_for_a_restarted_server_and_resyncs_it(server, tmp_path):
     assert trainer.vllm_generation.disk_sync.server_versions() == {3}  # the last push reached the new server
 
 
+def test_one_step_off_training_survives_a_restart_with_the_next_rollout_in_flight(server, tmp_path):
+    """`async_generation=True`: step 2's rewards kill the server right after step 3's prompts were sent to it on the
+    rollout thread, and restart it. That request waits, the server is re-synced once (the refill on the training
+    thread and the rollout thread share the watch) and asked again; the run finishes one step off throughout."""
+    killed = {}
+
+    def kill_and_restart():
+        killed["pid"] = server.process.pid
+        server.kill()
+        killed["restart"] = threading.Thread(target=server.start)
+        killed["restart"].start()
+
+    reward = KillsTheServerMidStep(kill_and_restart, at=2)
+    trainer = tied_trainer(server, tmp_path, reward=reward, dataset=tagged_dataset(["MIX"] * 16), max_steps=4,
+                           rejection_refill_rounds=1, vllm_server_timeout=600, async_generation=True)
+    trainer.train()
+    killed["restart"].join()
+
+    assert server.process.pid != killed["pid"] and trainer.state.global_step == 4
+    assert logged(trainer, "async/staleness") == [0, 1, 1, 1]
+    assert logged(trainer, RESYNCS_METRIC) == [0, 1, 1, 1]  # one resync, whichever thread found the server first
+    diffs = logged(trainer, DIFF)
+    assert len(diffs) == 4 and diffs[0] < TOL, diffs
+    assert trainer.vllm_generation.disk_sync.server_versions() == {4}  # the last push reached the new server
+    assert not trainer._overlap.prefetch.pending
+
+
 class KillsTheServerAfterStep(TrainerCallback):
     """Kills the server by pid at the end of step `step`, and leaves it down."""
 

@@ -118,6 +118,9 @@ CONTRACT: list[Use] = [
         "rollout_correction.py replaces the last sampling/importance_sampling_ratio/* entries TRL appended"),
     Use(GRPO, "_step", ATTRIBUTE, None, "trainer.py resets TRL's generation counter at a stage start"),
     Use(GRPO, "_buffered_inputs", ATTRIBUTE, None, "trainer.py drops TRL's buffered rollout at a stage start"),
+    Use(GRPO, "_last_loaded_step", ATTRIBUTE, None,
+        "trainer.py (async_generation) reads it: TRL pushes weights when it differs from global_step, so the "
+        "rollout in flight is waited for first"),
     Use(GRPO, "_last_world_entropy", ATTRIBUTE, None,
         "trainer.py shadows it with a property: TRL's controller state is OR1's (saved by TRL's checkpointing)"),
     Use(GRPO, "entropy_coef", ATTRIBUTE, None, "trainer.py shadows it with a class-level property (the controller's c)",
@@ -186,7 +189,8 @@ CONTRACT: list[Use] = [
     Use(VLLM_GENERATION, "sync_weights", METHOD, "self", "weight_sync.py overrides: the disk weight sync"),
     Use(VLLM_GENERATION, "_iter_named_params", METHOD, "self",
         "weight_sync.py calls it: the weights to push (gathered on every rank)"),
-    Use(VLLM_GENERATION, "vllm_client", ATTRIBUTE, None, "weight_sync.py sets the HTTP-only client"),
+    Use(VLLM_GENERATION, "vllm_client", ATTRIBUTE, None, "weight_sync.py sets the HTTP-only client; overlap.py "
+        "wraps it on the main process (PrefetchedClient answers the request in flight, async_generation)"),
     Use(VLLM_GENERATION, "generate", METHOD, "self, prompts, images, num_generations, profiler=",
         "weight_sync.py overrides: the main process's ServerDownError reaches every rank (server_health.py); it "
         "relies on TRL's server path broadcasting one 4-tuple (prompt_ids, completion_ids, logprobs, "
