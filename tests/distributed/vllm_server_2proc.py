@@ -1,9 +1,10 @@
 """Run by tests/test_vllm_server.py under `accelerate launch` with 2 CPU processes (gloo) against one vLLM server.
 
-Each rank writes the logged server/trainer log-prob differences, how many weight pushes it made, and a fingerprint
-of its weights."""
+Each rank writes the logged server/trainer log-prob differences, how many weight pushes it made, a fingerprint
+of its weights, and (rank 0) the sync directory the trainer chose and what it held at the end."""
 
 import json
+import os
 import sys
 
 import torch
@@ -34,6 +35,8 @@ def main(output_dir, url):
                 "syncs": sync.version if sync is not None else 0,
                 "weights_sum": final.double().sum().item(),
                 "weights_moved": (final - initial).abs().max().item(),
+                "sync_dir": sync.sync_dir if sync is not None else None,  # the default: tmpfs (removed at exit)
+                "sync_files": sorted(os.listdir(sync.sync_dir)) if sync is not None else None,
             },
             f,
         )
