@@ -6,12 +6,20 @@ sides can read:
 
 1. every rank walks the policy's parameters with TRL's own iterator (`VLLMGeneration._iter_named_params`: it
    gathers ZeRO-3/FSDP shards and merges PEFT adapters, so the server gets merged full weights under vLLM's names);
-2. the main process writes them as safetensors shards into a fresh directory under `vllm_sync_dir`, renamed into
-   place only once complete;
+2. the main process streams them as safetensors shards (`write_safetensors`: each tensor's bytes go into the open
+   file as the iterator yields it, the header last), cast to the server's dtype (`vllm_sync_dtype`), into a fresh
+   directory under `vllm_sync_dir` (default: tmpfs when it has room and the server reads it, `use_default_dir`),
+   renamed into place only once complete;
 3. it asks the server to reload them (`POST /collective_rpc`, method `or1_reload_weights` of our worker extension,
    `or1_trl/vllm_ext/or1_vllm_worker.py`: vLLM's `reload_weights`, then a re-pack of a tied `lm_head` on CPU) and
    to reset its prefix cache (cached KV blocks were computed with the old weights);
-4. every rank waits for the main process before generating.
+4. every rank waits for the main process before generating; the push's seconds per phase (`last_breakdown`: gather,
+   write, load, cache reset) are logged as `vllm/sync_seconds/<phase>`.
+
+With a PEFT (LoRA) policy and a server started with `or1-trl serve --enable-lora`, only the adapter is written
+(`DiskWeightSync.push_adapter`: PEFT's state dict and `adapter_config.json`; the base weights once, before the first)
+and the server loads it with `/v1/load_lora_adapter` under a new name per push, which generation requests name as
+their model (`OR1VLLMClient.model`); `OR1Config.vllm_sync_peft` chooses.
 
 `OR1VLLMGeneration` is TRL's `VLLMGeneration` with this backend; `OR1Trainer` builds it instead of TRL's class
 (`generation_backend`). Everything else — generation requests, their batching across ranks, the NCCL path — is
@@ -296,13 +304,18 @@ class DiskWeightSync:
         if reason is None:
             name = "or1-trl-vllm-sync-" + hashlib.sha1(os.path.abspath(fallback).encode()).hexdigest()[:12]
             tmpfs_dir = os.path.join(TMPFS, name)
-            if self.can_read(tmpfs_dir):
+            os.makedirs(tmpfs_dir, mode=0o700, exist_ok=True)
+            owner = os.stat(tmpfs_dir)
+            if owner.st_uid != os.getuid() or owner.st_mode & 0o022:  # /dev/shm is shared: only we may write there
+                reason = f"{tmpfs_dir} exists and is not this user's alone"
+            elif self.can_read(tmpfs_dir):
                 self.sync_dir = tmpfs_dir
                 atexit.register(shutil.rmtree, tmpfs_dir, ignore_errors=True)
                 return (f"vllm_sync_dir: {tmpfs_dir} (tmpfs, {needed_bytes / 2**20:.0f} MiB per version; removed "
-                        "when training ends). Set vllm_sync_dir to choose another.")
-            shutil.rmtree(tmpfs_dir, ignore_errors=True)
-            reason = f"the server does not see this machine's {TMPFS} (another node)"
+                        "when the trainer exits). Set vllm_sync_dir to choose another.")
+            else:
+                shutil.rmtree(tmpfs_dir, ignore_errors=True)
+                reason = f"the server does not see this machine's {TMPFS} (another node)"
         self.sync_dir = os.path.abspath(fallback)
         return f"vllm_sync_dir: {self.sync_dir} ({reason}). Set vllm_sync_dir to choose another."
 

@@ -186,6 +186,11 @@ CONTRACT: list[Use] = [
     Use(VLLM_GENERATION, "sync_weights", METHOD, "self", "weight_sync.py overrides: the disk weight sync"),
     Use(VLLM_GENERATION, "_iter_named_params", METHOD, "self",
         "weight_sync.py calls it: the weights to push (gathered on every rank)"),
+    Use(GRPO, "_last_loaded_step", ATTRIBUTE, None,
+        "trainer.py reads it (overlapped rollouts): TRL pushes weights when it differs from global_step"),
+    Use(VLLM_GENERATION, "_fix_param_name_to_vllm", METHOD, "self, name, extra_prefixes=",
+        "weight_sync.py calls it: the base weights of a PEFT policy under vLLM's names (adapter-only sync), as "
+        "TRL's _iter_named_params names them"),
     Use(VLLM_GENERATION, "vllm_client", ATTRIBUTE, None, "weight_sync.py sets the HTTP-only client"),
     Use(VLLM_GENERATION, "generate", METHOD, "self, prompts, images, num_generations, profiler=",
         "weight_sync.py overrides: the main process's ServerDownError reaches every rank (server_health.py); it "
@@ -204,6 +209,9 @@ CONTRACT: list[Use] = [
     Use(VLLM_CLIENT, "chat", METHOD, "self, messages, ...", "weight_sync.py overrides: as generate"),
     Use(VLLM_CLIENT, "session", ATTRIBUTE, None,
         "weight_sync.py shadows it with a property: the session VLLMClient.__init__ creates gets the API key"),
+    Use(VLLM_CLIENT, "model", ATTRIBUTE, None,
+        "weight_sync.py shadows it with a property: generate/chat send it as the request's model, the LoRA adapter "
+        "of the last push (adapter-only sync) in place of the name VLLMClient.__init__ reads from /v1/models"),
     # --- OR1Config(GRPOConfig) -----------------------------------------------------------------------------------
     Use("trl.GRPOConfig", "__post_init__", METHOD, "self", "config.py overrides: stages, presets, validation"),
     Use("trl.GRPOConfig", "to_dict", METHOD, "self", "config.py overrides: the stages serialise as plain dicts"),
