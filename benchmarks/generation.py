@@ -10,15 +10,22 @@ ignored), from the same prompts, interleaved, `--reps` times (median reported). 
 (`scripts/install_vllm_cpu.sh`), started with `or1-trl serve --weight-sync disk` and asked through TRL's
 `VLLMClient.generate`, as the trainer does.
 
-Weight sync: seconds per `DiskWeightSync.push` (write safetensors + the server's reload + prefix-cache reset), the
-step's sync cost, for the tiny model and a randomly initialised model shaped like Qwen2.5-0.5B (each size served by
-its own server).
+Weight sync (issue 26): seconds per `DiskWeightSync` push, the step's sync cost, split as `last_breakdown` splits it
+(gather: producing the tensors; write: casting and writing the safetensors; load: the server's reload; cache
+reset), for the tiny model and a randomly initialised model shaped like Qwen2.5-0.5B, each size served by its own
+server started with `--enable-lora` (tiny: fp32; 0.5B: bf16, as a GPU server runs). Rows: the full weights written
+as the model holds them (fp32) and in the server's dtype (`vllm_sync_dtype="server"`), to tmpfs (`/dev/shm`, the
+default when it has room) and to a directory on disk; and with a LoRA policy (all linear layers) the merged weights
+(TRL's iterator: merge, read, unmerge) against the adapter alone (`vllm_sync_peft="adapter"`, loaded with
+`/v1/load_lora_adapter`; the base is pushed once before, not counted). End-to-end rate = bytes written / seconds per
+push. Below the table: the 7B bf16 projection at the 0.5B bf16 rate.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -29,12 +36,15 @@ import torch
 from or1_trl.demo import addition_dataset
 from or1_trl.serve import start_server
 from or1_trl.testing import VLLM_CPU_ARGS, save_tiny_model, tiny_model, tiny_tokenizer, vllm_python
-from or1_trl.weight_sync import DiskWeightSync, http_vllm_client
+from or1_trl.weight_sync import SYNC_PHASES, TMPFS, DiskWeightSync, http_vllm_client
 
 PROMPTS, GROUP = 16, 8
 # Qwen2.5-0.5B's shape (random weights): what "0.5b" means below.
 QWEN_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=1024)
+QWEN_7B_PARAMS = 7.62e9  # Qwen2.5-7B / DeepSeek-R1-Distill-Qwen-7B
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LORA_RANK = 16
 
 
 def hf_generate(model, tokenizer, prompt_ids, length):
@@ -62,10 +72,11 @@ def timed(fn, *args):
     return time.perf_counter() - start, tokens
 
 
-def serve(model_path, workdir, log_name):
+def serve(model_path, workdir, log_name, extra_args=()):
     log = open(os.path.join(workdir, log_name), "w")
-    return start_server(model_path, "disk", port=free_port(), python=vllm_python(), extra_args=VLLM_CPU_ARGS,
-                        log_file=log)
+    return start_server(model_path, "disk", port=free_port(), python=vllm_python(),
+                        extra_args=VLLM_CPU_ARGS + list(extra_args), log_file=log, enable_lora=True,
+                        max_lora_rank=LORA_RANK)
 
 
 def free_port():
@@ -81,7 +92,9 @@ def throughput(args, workdir, lines):
     model = tiny_model(tokenizer, seed=0).eval()
     path = save_tiny_model(os.path.join(workdir, "tiny"), model=model, tokenizer=tokenizer)
     prompt_ids = [tokenizer(row["prompt"])["input_ids"] for row in addition_dataset(PROMPTS, seed=0)]
-    process, url = serve(path, workdir, "server_tiny.log")
+    log = open(os.path.join(workdir, "server_tiny.log"), "w")
+    process, url = start_server(path, "disk", port=free_port(), python=vllm_python(), extra_args=VLLM_CPU_ARGS,
+                                log_file=log)
     try:
         client = http_vllm_client(base_url=url, connection_timeout=60)
         vllm_generate(client, prompt_ids, 4)  # warm-up both
@@ -105,32 +118,109 @@ def throughput(args, workdir, lines):
         process.wait()
 
 
+def merged_params(peft):
+    """TRL's `_iter_named_params` for a PEFT model without sharding: merge, read under vLLM's names, unmerge."""
+    peft.merge_adapter()
+    try:
+        for name, param in peft.named_parameters():
+            if peft.prefix not in name:
+                yield name.removeprefix("base_model.model.").replace(".base_layer", ""), param.data
+    finally:
+        peft.unmerge_adapter()
+
+
+def base_params(peft):
+    for name, param in peft.named_parameters():
+        if peft.prefix not in name:
+            yield name.removeprefix("base_model.model.").replace(".base_layer", ""), param.data
+
+
+def measure(sync, reps, push):
+    """`push()` `reps` times, new weights each time; the median of each phase and of the total."""
+    runs = []
+    for _ in range(reps):
+        push()
+        runs.append({**sync.last_breakdown, "total": sync.last_seconds})
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
 def sync_cost(args, workdir, lines):
-    lines += ["", "| model | parameters | safetensors written | disk sync per step (median) |", "|---|---|---|---|"]
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+
+    lines += ["", "| model | sent | server | written as | sync dir | MiB written | gather | write | load | cache reset | "
+              "per sync (median) | end to end |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    projection = None
     for size in args.sizes:
         tokenizer = tiny_tokenizer()
         overrides = QWEN_05B if size == "0.5b" else {}
         model = tiny_model(tokenizer, seed=0, **overrides)
         path = save_tiny_model(os.path.join(workdir, size), model=model, tokenizer=tokenizer)
-        process, url = serve(path, workdir, f"server_{size}.log")
+        server_dtype = "bfloat16" if size == "0.5b" else "float32"
+        process, url = serve(path, workdir, f"server_{size}.log", ["--dtype", server_dtype])
+        name = "tiny (test model)" if size == "tiny" else "Qwen2.5-0.5B shape, random"
+        params = sum(p.numel() for p in model.parameters())
+        label = f"{name}, {params / 1e6:.1f} M"
+        tmpfs_dir = tempfile.mkdtemp(prefix="or1-bench-", dir=TMPFS)
+        disk_dir = os.path.join(workdir, f"sync_{size}")  # the system's temp dir, on disk here (ext4)
+
+        def row(sent, written_as, where, sync, timing):
+            rate = sync.last_bytes / timing["total"] / 1e9
+            lines.append(f"| {label} | {sent} | {server_dtype} | {written_as} | {where} | {sync.last_bytes / 2**20:.1f} | "
+                         + " | ".join(f"{timing[phase]:.2f} s" for phase in SYNC_PHASES)
+                         + f" | {timing['total']:.2f} s | {rate:.2f} GB/s |")
+            print(f"sync {size} {sent} {written_as} {where}: {timing}", file=sys.stderr)
+            return rate
+
+        def step():
+            with torch.no_grad():
+                next(model.parameters()).add_(1e-3)  # new weights each push, as after an optimizer step
+
         try:
-            sync = DiskWeightSync(url, os.path.join(workdir, f"sync_{size}"))
-            sync.check_server()
-            seconds = []
-            for _ in range(args.reps):
+            cases = [("model", tmpfs_dir, "tmpfs"), ("server", tmpfs_dir, "tmpfs")]
+            if not args.quick:
+                cases.append(("server", disk_dir, "disk (ext4)"))
+            for dtype, directory, where in cases:
+                sync = DiskWeightSync(url, directory, dtype=dtype)
+                sync.check_server()
+                timing = measure(sync, args.reps, lambda: (step(), sync.push(model.named_parameters())))
+                written_as = str(sync.dtype or next(model.parameters()).dtype).removeprefix("torch.")
+                rate = row("full weights", f"{written_as} ({dtype!r})", where, sync, timing)
+                if size == "0.5b" and dtype == "server" and where == "tmpfs":
+                    projection = (rate, timing)
+                shutil.rmtree(sync.sync_dir, ignore_errors=True)
+            peft = get_peft_model(model, LoraConfig(r=LORA_RANK, lora_alpha=2 * LORA_RANK, target_modules=LORA_TARGETS))
+
+            def lora_step():
                 with torch.no_grad():
-                    next(model.parameters()).add_(1e-3)  # new weights each push, as after an optimizer step
-                sync.push(model.named_parameters())
-                seconds.append(sync.last_seconds)
-            params = sum(p.numel() for p in model.parameters())
-            name = "tiny (test model)" if size == "tiny" else "Qwen2.5-0.5B shape, random"
-            lines.append(f"| {name} | {params / 1e6:.1f} M | {sync.last_bytes / 2**20:.0f} MiB (fp32) | "
-                         f"{statistics.median(seconds):.2f} s |")
-            print(f"sync {size}: {seconds}", file=sys.stderr)
+                    for pname, param in peft.named_parameters():
+                        if "lora_B" in pname:
+                            param.normal_(0, 1e-3)
+
+            sync = DiskWeightSync(url, tmpfs_dir, dtype="server")
+            sync.check_server()
+            timing = measure(sync, args.reps, lambda: (lora_step(), sync.push(merged_params(peft))))
+            row(f"LoRA r={LORA_RANK}: merged", f"{server_dtype} ('server')", "tmpfs", sync, timing)
+            shutil.rmtree(sync.sync_dir, ignore_errors=True)
+            sync = DiskWeightSync(url, tmpfs_dir, dtype="server")
+            sync.check_server()
+            config = peft.peft_config["default"].to_dict()
+            sync.push_adapter(get_peft_model_state_dict(peft).items(), config, base=base_params(peft))
+            timing = measure(sync, args.reps, lambda: (
+                lora_step(), sync.push_adapter(get_peft_model_state_dict(peft).items(), config)))
+            row(f"LoRA r={LORA_RANK}: adapter only", f"{server_dtype} ('server')", "tmpfs", sync, timing)
+            model = peft.unload()
         finally:
+            shutil.rmtree(tmpfs_dir, ignore_errors=True)
             process.terminate()
             process.wait()
         del model
+    if projection is not None:
+        rate, timing = projection
+        size_7b = QWEN_7B_PARAMS * 2
+        shares = ", ".join(f"{phase} {timing[phase] / timing['total']:.0%}" for phase in SYNC_PHASES)
+        lines += ["", f"7B in bf16 ({size_7b / 1e9:.1f} GB a push) at the 0.5B bf16 tmpfs rate ({rate:.2f} GB/s end to "
+                  f"end): about {size_7b / (rate * 1e9):.0f} s per sync on this machine, if it scales with the bytes "
+                  f"(the 0.5B push: {shares})."]
 
 
 def main(argv=None):

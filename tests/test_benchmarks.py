@@ -120,7 +120,7 @@ def test_update_readme_refuses_a_readme_without_the_block(tmp_path):
 
 def test_quick_generation_benchmark_measures_both_backends(tmp_path):
     """HF generate vs the vLLM server (needs the vLLM CPU venv; required in CI): both rows measured, the ratio is
-    the ratio of the two rates, and the disk sync of the tiny model is timed."""
+    the ratio of the two rates, and the disk sync of the tiny model is timed phase by phase, full and LoRA."""
     from or1_trl.testing import vllm_python
 
     from .conftest import require_or_skip
@@ -138,7 +138,19 @@ def test_quick_generation_benchmark_measures_both_backends(tmp_path):
     hf_rate, rate, hf_tokens, tokens = int(hf_rate), int(rate), int(hf_tokens), int(tokens)
     assert one == "1.00" and (rate - 0.5) / (hf_rate + 0.5) - 0.005 <= float(ratio) <= (rate + 0.5) / (hf_rate - 0.5) + 0.005
     assert abs(hf_tokens - 4 * hf_rate) <= 2.5 and abs(tokens - 4 * rate) <= 2.5  # exactly 4 tokens per completion
-    assert re.search(r"^\| tiny \(test model\) \| 0\.\d M \| \d+ MiB \(fp32\) \| \d+\.\d\d s \|$", out.read_text(), flags=re.M)
+    # the sync table: per-phase seconds that sum to the push (to rounding), the adapter far smaller than merged
+    sync = {}
+    for m in re.finditer(r"^\| tiny \(test model\), 0\.\d M \| ([^|]+) \| float32 \| ([^|]+) \| tmpfs \| ([\d.]+) \| "
+                         r"([\d.]+) s \| ([\d.]+) s \| ([\d.]+) s \| ([\d.]+) s \| ([\d.]+) s \| [\d.]+ GB/s \|$",
+                         out.read_text(), flags=re.M):
+        sent, written_as, mib, *seconds = m.groups()
+        phases, total = [float(x) for x in seconds[:4]], float(seconds[4])
+        assert abs(sum(phases) - total) <= 0.025 and float(seconds[2]) > 0, m.group(0)  # the server's load is timed
+        sync[(sent, written_as)] = float(mib)
+    assert set(sync) == {("full weights", "float32 ('model')"), ("full weights", "float32 ('server')"),
+                         ("LoRA r=16: merged", "float32 ('server')"), ("LoRA r=16: adapter only", "float32 ('server')")}
+    assert sync[("full weights", "float32 ('server')")] == sync[("LoRA r=16: merged", "float32 ('server')")] > 1
+    assert sync[("LoRA r=16: adapter only", "float32 ('server')")] < sync[("LoRA r=16: merged", "float32 ('server')")] / 4
 
 
 def test_quick_memory_benchmark_writes_its_tables(tmp_path):

@@ -189,6 +189,9 @@ CONTRACT: list[Use] = [
     Use(VLLM_GENERATION, "sync_weights", METHOD, "self", "weight_sync.py overrides: the disk weight sync"),
     Use(VLLM_GENERATION, "_iter_named_params", METHOD, "self",
         "weight_sync.py calls it: the weights to push (gathered on every rank)"),
+    Use(VLLM_GENERATION, "_fix_param_name_to_vllm", METHOD, "self, name, extra_prefixes=",
+        "weight_sync.py calls it: the base weights of a PEFT policy under vLLM's names (adapter-only sync), as "
+        "TRL's _iter_named_params names them"),
     Use(VLLM_GENERATION, "vllm_client", ATTRIBUTE, None, "weight_sync.py sets the HTTP-only client; overlap.py "
         "wraps it on the main process (PrefetchedClient answers the request in flight, async_generation)"),
     Use(VLLM_GENERATION, "generate", METHOD, "self, prompts, images, num_generations, profiler=",
@@ -208,6 +211,9 @@ CONTRACT: list[Use] = [
     Use(VLLM_CLIENT, "chat", METHOD, "self, messages, ...", "weight_sync.py overrides: as generate"),
     Use(VLLM_CLIENT, "session", ATTRIBUTE, None,
         "weight_sync.py shadows it with a property: the session VLLMClient.__init__ creates gets the API key"),
+    Use(VLLM_CLIENT, "model", ATTRIBUTE, None,
+        "weight_sync.py shadows it with a property: generate/chat send it as the request's model, the LoRA adapter "
+        "of the last push (adapter-only sync) in place of the name VLLMClient.__init__ reads from /v1/models"),
     # --- OR1Config(GRPOConfig) -----------------------------------------------------------------------------------
     Use("trl.GRPOConfig", "__post_init__", METHOD, "self", "config.py overrides: stages, presets, validation"),
     Use("trl.GRPOConfig", "to_dict", METHOD, "self", "config.py overrides: the stages serialise as plain dicts"),

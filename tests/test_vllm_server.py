@@ -194,7 +194,10 @@ def test_two_trainer_processes_one_server(vllm_server, tmp_path):
     assert ranks[0]["weights_sum"] == ranks[1]["weights_sum"] and ranks[0]["weights_moved"] > 0
     assert len(ranks[0]["diffs"]) == 3 and max(ranks[0]["diffs"]) < TOL, ranks[0]["diffs"]
     assert ranks[0]["syncs"] == 3 and ranks[1]["syncs"] == 0  # only the main process writes
-    assert sorted(os.listdir(tmp_path / "_vllm_sync")) == ["weights-000003"]
+    # no vllm_sync_dir: tmpfs (this machine's server reads it), holding the latest version only, gone at exit
+    assert ranks[0]["sync_dir"].startswith("/dev/shm/or1-trl-vllm-sync-"), ranks[0]["sync_dir"]
+    assert ranks[0]["sync_files"] == ["weights-000003"] and not os.path.exists(ranks[0]["sync_dir"])
+    assert not (tmp_path / "_vllm_sync").exists()
 
 
 def test_a_server_with_another_extension_version_is_refused(vllm_server, tmp_path, monkeypatch):
@@ -202,8 +205,8 @@ def test_a_server_with_another_extension_version_is_refused(vllm_server, tmp_pat
     from or1_trl import weight_sync
 
     DiskWeightSync(vllm_server.url, str(tmp_path)).check_server()
-    monkeypatch.setattr(weight_sync, "WORKER_EXTENSION_VERSION", 3)
-    with pytest.raises(RuntimeError, match=r"version \[2\], this trainer needs 3.*or1-trl serve MODEL --weight-sync disk"):
+    monkeypatch.setattr(weight_sync, "WORKER_EXTENSION_VERSION", 2)
+    with pytest.raises(RuntimeError, match=r"version \[3\], this trainer needs 2.*or1-trl serve MODEL --weight-sync disk"):
         DiskWeightSync(vllm_server.url, str(tmp_path)).check_server()
 
 

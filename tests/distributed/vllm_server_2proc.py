@@ -1,9 +1,11 @@
 """Run by tests/test_vllm_server.py under `accelerate launch` with 2 CPU processes (gloo) against one vLLM server.
 
-Each rank writes the logged server/trainer log-prob differences, how many weight pushes it made, and a fingerprint
-of its weights. A third argument "async" trains with one-step-off rollouts (tests/test_async_training.py)."""
+Each rank writes the logged server/trainer log-prob differences, how many weight pushes it made, a fingerprint
+of its weights, and (rank 0) the sync directory the trainer chose and what it held at the end. A third argument
+"async" trains with one-step-off rollouts (tests/test_async_training.py)."""
 
 import json
+import os
 import sys
 
 import torch
@@ -36,6 +38,8 @@ def main(output_dir, url, mode="sync"):
                 "staleness": [e["async/staleness"] for e in trainer.state.log_history if "async/staleness" in e],
                 "weights_sum": final.double().sum().item(),
                 "weights_moved": (final - initial).abs().max().item(),
+                "sync_dir": sync.sync_dir if sync is not None else None,  # the default: tmpfs (removed at exit)
+                "sync_files": sorted(os.listdir(sync.sync_dir)) if sync is not None else None,
             },
             f,
         )

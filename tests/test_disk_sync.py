@@ -1,0 +1,270 @@
+"""The disk weight sync at memory speed and adapter-only (issue 26): the streaming safetensors writer, the sync
+dtype, the tmpfs default directory, the per-phase breakdown and its metrics, and LoRA adapters pushed alone to a
+real vLLM CPU server started with `--enable-lora` (their log-probs equal the merged model's)."""
+
+import json
+import os
+
+import pytest
+import requests
+import torch
+from safetensors import safe_open
+
+from or1_trl import OR1Config, OR1Trainer
+from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
+from or1_trl.weight_sync import HEADER_BYTES, SYNC_PHASES, DiskWeightSync, write_safetensors
+
+from .conftest import _start_server
+from .test_trainer import ScriptedReward, logged, tagged_dataset
+from .test_vllm_server import DIFF, TOL, model_logprobs, server_args, tied_trainer
+
+LORA_RANK = 4
+
+
+def read_dir(directory):
+    tensors = {}
+    for name in sorted(os.listdir(directory)):
+        with safe_open(os.path.join(directory, name), "pt") as f:
+            assert f.metadata() == {"format": "pt"}
+            tensors.update({key: f.get_tensor(key) for key in f.keys()})
+    return tensors
+
+
+def test_streaming_writer_writes_standard_safetensors_in_the_asked_dtype(tmp_path):
+    tensors = {
+        "a.weight": torch.randn(3, 5), "b.weight": torch.randn(7, dtype=torch.float64), "c.scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 4), "ids": torch.arange(5), "mask": torch.tensor([True, False]),
+        "strided": torch.randn(6, 4).t(),  # not contiguous
+    }
+    count, written = write_safetensors(tensors.items(), str(tmp_path / "same"))
+    assert count == len(tensors) and written == sum(t.numel() * t.element_size() for t in tensors.values())
+    back = read_dir(tmp_path / "same")
+    assert back.keys() == tensors.keys() and all(torch.equal(back[k], tensors[k]) for k in tensors)
+    assert all(back[k].dtype == tensors[k].dtype for k in tensors)
+
+    # a dtype casts floating-point tensors only (as vLLM's loader would: round to nearest even), and shards split
+    count, written = write_safetensors(tensors.items(), str(tmp_path / "bf16"), shard_bytes=20, dtype=torch.bfloat16)
+    back = read_dir(tmp_path / "bf16")
+    assert len(os.listdir(tmp_path / "bf16")) > 2
+    for key, tensor in tensors.items():
+        expected = tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
+        assert back[key].dtype == expected.dtype and torch.equal(back[key], expected), key
+    assert written == sum(t.numel() * (2 if t.is_floating_point() else t.element_size()) for t in tensors.values())
+
+    # each file: 8-byte length, the space-padded header, then exactly the tensors' bytes (nothing held twice)
+    path = tmp_path / "same" / "model-00001.safetensors"
+    assert os.path.getsize(path) == 8 + HEADER_BYTES + sum(t.numel() * t.element_size() for t in tensors.values())
+    with open(path, "rb") as f:
+        assert int.from_bytes(f.read(8), "little") == HEADER_BYTES and f.read(HEADER_BYTES).rstrip(b" ").endswith(b"}")
+
+
+def test_streaming_writer_holds_one_tensor_at_a_time(tmp_path):
+    """The writer consumes its iterator lazily: when the k-th tensor is produced, the bytes of the k-1 before it
+    are already in the file (a gathered parameter can be released as soon as the next one is asked for)."""
+    tensors = [(f"t{i}", torch.full((1000,), float(i))) for i in range(5)]
+    path = tmp_path / "w" / "model-00001.safetensors"
+    sizes = []
+
+    def produce():
+        for name, tensor in tensors:
+            sizes.append(os.path.getsize(path) if path.exists() else 0)
+            yield name, tensor
+
+    write_safetensors(produce(), str(tmp_path / "w"))
+    assert sizes[1:] == [8 + HEADER_BYTES + 4000 * k for k in range(1, 5)]
+
+
+def test_push_in_the_server_dtype_with_a_breakdown_on_tmpfs(vllm_server, tmp_path):
+    """dtype="server" writes what the server computes in (fp32 here: 4 bytes a parameter); "bfloat16" writes half,
+    and the server then scores exactly as the bf16-rounded weights do. The breakdown's phases sum to the push."""
+    model, tokenizer = tiny_model_and_tokenizer(seed=5, tie_word_embeddings=True)
+    tokens = tokenizer("12 + 30 = 42 and 7 + 5 = 12")["input_ids"]
+    params = sum(p.numel() for p in model.parameters())
+    sync = DiskWeightSync(vllm_server.url, str(tmp_path / "unused"), api_key=vllm_server.api_key, dtype="server")
+    sync.check_server()
+    assert sync.server_info["dtype"] == "float32" and sync.server_info["max_lora_rank"] == 0
+    line = sync.use_default_dir(str(tmp_path / "_vllm_sync"), needed_bytes=4 * params)
+    assert sync.sync_dir.startswith("/dev/shm/or1-trl-vllm-sync-") and "tmpfs" in line, line
+    try:
+        sync.push(model.named_parameters())
+        assert sync.last_bytes == 4 * params and sync.dtype == torch.float32
+        assert set(sync.last_breakdown) == set(SYNC_PHASES) and min(sync.last_breakdown.values()) >= 0
+        assert abs(sum(sync.last_breakdown.values()) - sync.last_seconds) < 1e-6
+        assert sync.last_breakdown["load"] > 0 and sync.last_breakdown["write"] > 0
+        assert (server_logprobs(vllm_server, tokens) - model_logprobs(model, tokens)).abs().max().item() < TOL
+
+        sync.dtype_setting = "bfloat16"
+        sync.push(model.named_parameters())
+        assert sync.last_bytes == 2 * params
+        rounded = tiny_model_and_tokenizer(seed=5, tie_word_embeddings=True)[0]
+        rounded.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in model.state_dict().items()})
+        diff = (server_logprobs(vllm_server, tokens) - model_logprobs(rounded, tokens)).abs().max().item()
+        moved = (model_logprobs(rounded, tokens) - model_logprobs(model, tokens)).abs().max().item()
+        assert diff < TOL < moved, (diff, moved)  # the server holds the rounded weights, and rounding shows
+        assert sorted(os.listdir(sync.sync_dir)) == ["weights-000002"]  # only the latest version is kept
+    finally:
+        import shutil
+
+        shutil.rmtree(sync.sync_dir, ignore_errors=True)
+
+
+def test_default_dir_falls_back_when_tmpfs_has_no_room(vllm_server, tmp_path):
+    sync = DiskWeightSync(vllm_server.url, str(tmp_path / "x"), api_key=vllm_server.api_key)
+    line = sync.use_default_dir(str(tmp_path / "_vllm_sync"), needed_bytes=2**50)
+    assert sync.sync_dir == str(tmp_path / "_vllm_sync") and "/dev/shm has" in line and "need" in line, line
+    # the probe: a file written here is read back by the server (a server on another node reads nothing)
+    assert sync.can_read(str(tmp_path / "probe")) and os.listdir(tmp_path / "probe") == []
+    assert sync.info(str(tmp_path / "absent"))["probe"] is None
+
+
+def server_logprobs(server, token_ids, model=None):
+    response = requests.post(
+        f"{server.url}/v1/completions",
+        json={"model": model or server.model_path, "prompt": token_ids, "max_tokens": 1, "prompt_logprobs": 0},
+        headers=server.headers,
+    )
+    response.raise_for_status()
+    scored = response.json()["choices"][0]["prompt_logprobs"]
+    return torch.tensor([scored[i][str(token_ids[i])]["logprob"] for i in range(1, len(token_ids))])
+
+
+def test_trainer_logs_the_sync_breakdown_and_defaults_to_tmpfs(vllm_server, tmp_path):
+    trainer = tied_trainer(vllm_server, tmp_path, max_steps=2)
+    sync = trainer.vllm_generation.disk_sync
+    assert trainer.args.vllm_sync_dir is None and sync.sync_dir.startswith("/dev/shm/")
+    trainer.train()
+    diffs = logged(trainer, DIFF)
+    assert len(diffs) == 2 and max(diffs) < TOL, diffs
+    for phase in SYNC_PHASES:
+        seconds = logged(trainer, f"vllm/sync_seconds/{phase}")
+        assert len(seconds) == 2 and min(seconds) >= 0, (phase, seconds)
+    params = sum(p.numel() for p in trainer.model.parameters())
+    assert logged(trainer, "vllm/sync_bytes") == [4 * params] * 2  # fp32: the server's dtype
+    assert sorted(os.listdir(sync.sync_dir)) == ["weights-000002"]
+    assert not (tmp_path / "_vllm_sync").exists()
+
+
+def test_a_config_rejects_unknown_sync_settings(tmp_path):
+    args = OR1Config(**tiny_training_args(tmp_path))
+    assert (args.vllm_sync_dir, args.vllm_sync_dtype, args.vllm_sync_peft) == (None, "server", "auto")
+    with pytest.raises(ValueError, match=r"^vllm_sync_dtype='fp8' is not one of \['server', 'model'"):
+        OR1Config(**tiny_training_args(tmp_path, vllm_sync_dtype="fp8"))
+    with pytest.raises(ValueError, match=r"^vllm_sync_peft='lora' is not one of \['auto', 'adapter', 'merged'\]"):
+        OR1Config(**tiny_training_args(tmp_path, vllm_sync_peft="lora"))
+
+
+# --- LoRA adapters pushed alone -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vllm_lora_server(tmp_path_factory):
+    """The shared server's setup (tied tiny model, fp32, an API key) started with `or1-trl serve --enable-lora`."""
+    server = _start_server(tmp_path_factory, "vllm_lora", ("--enable-lora", "--max-lora-rank", "8"))
+    yield server
+    server.stop()
+
+
+def lora_model(seed=0):
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer = tiny_model_and_tokenizer(seed=0, tie_word_embeddings=True)
+    peft = get_peft_model(model, LoraConfig(r=LORA_RANK, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft.named_parameters():
+            if "lora_B" in name:  # B = 0 at init: give the adapter an effect
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+    return peft, tokenizer
+
+
+def merged_logprobs(peft, tokens):
+    peft.merge_adapter()
+    try:
+        return model_logprobs(peft, tokens)
+    finally:
+        peft.unmerge_adapter()
+
+
+def test_serve_enable_lora_sets_vllms_flags_and_runtime_updates(monkeypatch):
+    from or1_trl.serve import build_command
+
+    monkeypatch.delenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", raising=False)
+    argv, env = build_command("m", "disk", enable_lora=True, max_lora_rank=32)
+    assert argv[argv.index("--enable-lora"):][:3] == ["--enable-lora", "--max-lora-rank", "32"]
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+    argv, env = build_command("m", "disk")
+    assert "--enable-lora" not in argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
+    with pytest.raises(ValueError, match="need weight_sync='disk'"):
+        build_command("m", "nccl", enable_lora=True)
+
+
+def test_adapter_loaded_by_the_server_scores_as_the_merged_model(vllm_lora_server, tmp_path):
+    """The adapter alone (PEFT's state dict + adapter_config.json), loaded with /v1/load_lora_adapter under a new
+    name per push: the server's log-probs with it equal the merged model's (< 1e-4); the previous one is unloaded."""
+    from peft import get_peft_model_state_dict
+
+    server = vllm_lora_server
+    sync = DiskWeightSync(server.url, str(tmp_path), api_key=server.api_key, dtype="server")
+    sync.check_server()
+    assert sync.server_info["max_lora_rank"] == 8 and sync.server_info["runtime_lora"]
+    tokens = tiny_model_and_tokenizer()[1]("12 + 30 = 42 and 7 + 5 = 12")["input_ids"]
+    for push, seed in enumerate((1, 2), start=1):
+        peft, _ = lora_model(seed)
+        config = peft.peft_config["default"].to_dict()
+        base = None
+        if push == 1:
+            base = ((n.removeprefix("base_model.model.").replace(".base_layer", ""), p.data)
+                    for n, p in peft.named_parameters() if "lora_" not in n)
+        sync.push_adapter(get_peft_model_state_dict(peft).items(), config, base=base)
+        assert sync.adapter_name == f"or1-lora-{push}" and sync.server_versions() == {push}
+        lora_params = sum(p.numel() for n, p in peft.named_parameters() if "lora_" in n)
+        assert sync.last_bytes == 4 * lora_params
+        served = server_logprobs(server, tokens, model=sync.adapter_name)
+        diff = (served - merged_logprobs(peft, tokens)).abs().max().item()
+        with peft.disable_adapter():
+            base_logprobs = model_logprobs(peft, tokens)
+        effect = (merged_logprobs(peft, tokens) - base_logprobs).abs().max().item()
+        assert diff < TOL < 100 * TOL < effect, (diff, effect)
+    models = requests.get(f"{server.url}/v1/models", headers=server.headers).json()["data"]
+    assert sorted(m["id"] for m in models) == sorted([server.model_path, "or1-lora-2"])  # or1-lora-1 unloaded
+    assert sorted(os.listdir(tmp_path)) == ["adapter-000002", "base"]
+    with open(tmp_path / "adapter-000002" / "adapter_config.json") as f:
+        assert json.load(f)["r"] == LORA_RANK
+
+
+def test_peft_training_pushes_only_the_adapter(vllm_lora_server, tmp_path):
+    """Two steps with LoRA and the disk sync against a server with --enable-lora: the base is pushed once, then the
+    adapter alone each step (bytes far below the merged weights), generation names the adapter, and the server's
+    log-probs equal the trainer's at every step."""
+    from peft import LoraConfig
+
+    model, tokenizer = tiny_model_and_tokenizer(seed=0, tie_word_embeddings=True)
+    merged_bytes = 4 * sum(p.numel() for p in model.parameters())
+    trainer = OR1Trainer(
+        model, ScriptedReward(),
+        args=server_args(vllm_lora_server, tmp_path, learning_rate=5e-2, max_steps=2, vllm_sync_peft="adapter"),
+        train_dataset=tagged_dataset(["MIX"] * 16), processing_class=tokenizer,
+        peft_config=LoraConfig(r=LORA_RANK, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    generation = trainer.vllm_generation
+    assert generation.adapter_sync
+    trainer.train()
+    sync = generation.disk_sync
+    assert sync.adapter_name == "or1-lora-2" and generation.vllm_client.model == "or1-lora-2"
+    adapter_bytes = logged(trainer, "vllm/sync_bytes")
+    lora_params = sum(p.numel() for n, p in trainer.model.named_parameters() if "lora_" in n)
+    assert adapter_bytes == [4 * lora_params] * 2 and 4 * lora_params * 50 < merged_bytes
+    assert any(p.abs().max() > 0 for n, p in trainer.model.named_parameters() if "lora_B" in n)
+    diffs = logged(trainer, DIFF)
+    assert len(diffs) == 2 and max(diffs) < TOL, diffs
+    assert sorted(os.listdir(sync.sync_dir)) == ["adapter-000002", "base"]
+
+
+def test_adapter_sync_required_from_a_server_without_lora_says_how_to_start_one(vllm_server, tmp_path):
+    from peft import LoraConfig
+
+    model, tokenizer = tiny_model_and_tokenizer(seed=0, tie_word_embeddings=True)
+    with pytest.raises(ValueError, match="vllm_sync_peft='adapter': the server does not take LoRA.*--enable-lora"):
+        OR1Trainer(model, ScriptedReward(), args=server_args(vllm_server, tmp_path, vllm_sync_peft="adapter"),
+                   train_dataset=tagged_dataset(["MIX"] * 16), processing_class=tokenizer,
+                   peft_config=LoraConfig(r=LORA_RANK, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
