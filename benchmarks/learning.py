@@ -408,8 +408,8 @@ NAMES = {"or1": "OR1 recipe", "grpo": "GRPOTrainer", "or1_offpolicy": "OR1 recip
 def markdown(results: dict, seeds: list[int], quick: bool) -> str:
     lines = [f"Learning efficiency, `python benchmarks/learning.py{' --quick' if quick else ''}` ({len(seeds)} seed(s) "
              "per arm; held-out = avg@16 on 30 additions RL never trains on; target = the seed's starting held-out "
-             "accuracy + the toy's gain, on the mean of the last 3 evaluations; means over seeds; ratios OR1 / GRPO "
-             "with paired bootstrap 95% intervals):", ""]
+             "accuracy + the toy's gain, on the mean of the last 3 evaluations; means over seeds; ratios of the paired "
+             "arms with paired bootstrap 95% intervals):", ""]
     for toy_name, arms in results.items():
         toy = TOYS[toy_name]
         early = f"steps 1–{2 if quick else toy.stage1[0]}" if toy.stage1 else "all steps"
