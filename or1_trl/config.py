@@ -54,6 +54,12 @@ def check_liger_layer_kernels(args) -> None:
         )
 
 
+def choice_field(default, choices, help: str):
+    """A config field limited to `choices`: TRL's `field(metadata={"help", "choices"})`, which `HfArgumentParser`
+    turns into an argparse option with those choices."""
+    return field(default=default, metadata={"help": help, "choices": list(choices)})
+
+
 def _field_default(dataclass_type, name: str):
     f = {f.name: f for f in dataclasses.fields(dataclass_type)}[name]
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
@@ -126,6 +132,11 @@ class OR1Config(GRPOConfig):
             `"disk"`: the main process writes safetensors to `vllm_sync_dir`, the server reloads them
             (`or1-trl serve --weight-sync disk`); works on any device and network. `None`: `"nccl"` on CUDA without
             `use_cpu`, `"disk"` otherwise (`serve.default_weight_sync`, the rule `or1-trl serve` uses too).
+        vllm_sync_dtype (`str`, *optional*, defaults to `"server"`):
+            What `vllm_weight_sync="disk"` writes the weights in: `"server"` (the dtype the server computes in, read
+            from it: what vLLM's loader would cast them to anyway, so the server's weights are the same and a bf16
+            server gets half the bytes of an fp32 trainer), `"model"` (as the policy holds them), or `"float32"`,
+            `"bfloat16"`, `"float16"`.
         vllm_sync_dir (`str` or `None`, *optional*, defaults to `None`):
             Directory both the trainer and the server can read, for `vllm_weight_sync="disk"` (a shared filesystem
             when they run on different nodes). It holds one copy of the weights, replaced at each sync. `None`
@@ -133,11 +144,6 @@ class OR1Config(GRPOConfig):
             `/dev/shm/or1-trl-vllm-sync-<hash of output_dir>` (memory speed; removed when training ends), when
             `/dev/shm` has room for two copies and the server reads it (same machine); else
             `<output_dir>/_vllm_sync` (transformers' `push_to_hub` skips `_*`).
-        vllm_sync_dtype (`str`, *optional*, defaults to `"server"`):
-            What `vllm_weight_sync="disk"` writes the weights in: `"server"` (the dtype the server computes in, read
-            from it: what vLLM's loader would cast them to anyway, so the server's weights are the same and a bf16
-            server gets half the bytes of an fp32 trainer), `"model"` (as the policy holds them), or `"float32"`,
-            `"bfloat16"`, `"float16"`.
         vllm_sync_peft (`str`, *optional*, defaults to `"auto"`):
             With a PEFT (LoRA) policy and `vllm_weight_sync="disk"`: `"adapter"` pushes only the adapter each step,
             which the server loads as a LoRA adapter under a new name (`or1-trl serve --enable-lora`; the base
@@ -244,14 +250,9 @@ class OR1Config(GRPOConfig):
     )
 
     # --- new fields ---------------------------------------------------------------------------------------------
-    rejection_sampling: str = field(
-        default="compact",
-        metadata={
-            "help": "How zero-advantage groups leave the update: 'compact' (removed before forward/backward), "
-            "'mask' (kept with weight 0, as Skywork's code), or 'off' (TRL's behaviour).",
-            "choices": list(REJECTION_MODES),
-        },
-    )
+    rejection_sampling: str = choice_field("compact", REJECTION_MODES, help=(
+        "How zero-advantage groups leave the update: 'compact' (removed before forward/backward), "
+        "'mask' (kept with weight 0, as Skywork's code), or 'off' (TRL's behaviour)."))
     entropy_preset: str = field(
         default="paper",
         metadata={
@@ -259,22 +260,12 @@ class OR1Config(GRPOConfig):
             "'released' (tgt 0.2, Δ 1e-4, c_max 5e-3).",
         },
     )
-    entropy_estimator: str = field(
-        default="full",
-        metadata={
-            "help": "Entropy the controller measures: 'full' (vocabulary entropy) or 'sampled' (−mean log-prob "
-            "of the sampled tokens, as the released code).",
-            "choices": list(ENTROPY_ESTIMATORS),
-        },
-    )
-    top_entropy_normalization: str = field(
-        default="all",
-        metadata={
-            "help": "With top_entropy_quantile < 1: divide the policy term by all kept tokens ('all', TRL) or by "
-            "the selected high-entropy tokens ('selected', the official 80/20 code).",
-            "choices": list(TOP_ENTROPY_NORMALIZATIONS),
-        },
-    )
+    entropy_estimator: str = choice_field("full", ENTROPY_ESTIMATORS, help=(
+        "Entropy the controller measures: 'full' (vocabulary entropy) or 'sampled' (−mean log-prob "
+        "of the sampled tokens, as the released code)."))
+    top_entropy_normalization: str = choice_field("all", TOP_ENTROPY_NORMALIZATIONS, help=(
+        "With top_entropy_quantile < 1: divide the policy term by all kept tokens ('all', TRL) or by "
+        "the selected high-entropy tokens ('selected', the official 80/20 code)."))
 
     stages: list[dict] | str | None = field(
         default=None,
@@ -305,15 +296,10 @@ class OR1Config(GRPOConfig):
         },
     )
 
-    truncated_advantage_mask: str = field(
-        default="none",
-        metadata={
-            "help": "Advantage mask for truncated responses (paper §3.2.3): 'none' (the paper's choice), 'after' "
-            "(they stay in the group mean/std, then get advantage 0) or 'before' (they leave the group mean/std "
-            "too and get advantage 0).",
-            "choices": list(TRUNCATED_ADVANTAGE_MASKS),
-        },
-    )
+    truncated_advantage_mask: str = choice_field("none", TRUNCATED_ADVANTAGE_MASKS, help=(
+        "Advantage mask for truncated responses (paper §3.2.3): 'none' (the paper's choice), 'after' "
+        "(they stay in the group mean/std, then get advantage 0) or 'before' (they leave the group mean/std "
+        "too and get advantage 0)."))
 
     entropy_collapse_fraction: float = field(
         default=0.5,
@@ -333,28 +319,21 @@ class OR1Config(GRPOConfig):
             "None: prompts that do not fit the context with max_completion_length are an error at start."
         },
     )
-    nonfinite_rewards: str = field(
-        default="error",
-        metadata={
-            "help": "A reward of inf or NaN: 'error' (stop, naming the reward function and the sample) or 'zero' "
-            "(score it 0, count it in reward/nonfinite, warn once).",
-            "choices": list(NONFINITE_REWARD_MODES),
-        },
-    )
+    nonfinite_rewards: str = choice_field("error", NONFINITE_REWARD_MODES, help=(
+        "A reward of inf or NaN: 'error' (stop, naming the reward function and the sample) or 'zero' "
+        "(score it 0, count it in reward/nonfinite, warn once)."))
     skipped_steps_warning: int = field(
         default=5,
         metadata={"help": "Warn once after this many consecutive skipped steps (every group rejected); 0: never."},
     )
 
-    vllm_weight_sync: str | None = field(
-        default=None,
-        metadata={
-            "help": "vLLM server mode: how weights reach the server. 'nccl' (TRL's, CUDA), 'disk' (safetensors in "
-            "vllm_sync_dir, reloaded by a server started with `or1-trl serve --weight-sync disk`; any device). "
-            "Default: nccl on CUDA without use_cpu, disk otherwise.",
-            "choices": list(WEIGHT_SYNC_BACKENDS),
-        },
-    )
+    vllm_weight_sync: str | None = choice_field(None, WEIGHT_SYNC_BACKENDS, help=(
+        "vLLM server mode: how weights reach the server. 'nccl' (TRL's, CUDA), 'disk' (safetensors in "
+        "vllm_sync_dir, reloaded by a server started with `or1-trl serve --weight-sync disk`; any device). "
+        "Default: nccl on CUDA without use_cpu, disk otherwise."))
+    vllm_sync_dtype: str = choice_field("server", SYNC_DTYPES, help=(
+        "dtype the disk sync writes weights in: 'server' (the server's dtype, read from it), 'model' (the "
+        "policy's), 'float32', 'bfloat16' or 'float16'."))
     vllm_sync_dir: str | None = field(
         default=None,
         metadata={
@@ -363,22 +342,9 @@ class OR1Config(GRPOConfig):
             "server reads it, else <output_dir>/_vllm_sync (push_to_hub skips it); the trainer logs which."
         },
     )
-    vllm_sync_dtype: str = field(
-        default="server",
-        metadata={
-            "help": "dtype the disk sync writes weights in: 'server' (the server's dtype, read from it), 'model' (the "
-            "policy's), 'float32', 'bfloat16' or 'float16'.",
-            "choices": list(SYNC_DTYPES),
-        },
-    )
-    vllm_sync_peft: str = field(
-        default="auto",
-        metadata={
-            "help": "PEFT policy + disk sync: 'adapter' (push only the LoRA adapter; or1-trl serve --enable-lora), "
-            "'merged' (base + BA, every weight) or 'auto' (adapter where the server takes LoRA, else merged).",
-            "choices": list(SYNC_PEFT_MODES),
-        },
-    )
+    vllm_sync_peft: str = choice_field("auto", SYNC_PEFT_MODES, help=(
+        "PEFT policy + disk sync: 'adapter' (push only the LoRA adapter; or1-trl serve --enable-lora), "
+        "'merged' (base + BA, every weight) or 'auto' (adapter where the server takes LoRA, else merged)."))
     vllm_server_api_key: str | None = field(
         default=None,
         repr=False,
@@ -387,14 +353,9 @@ class OR1Config(GRPOConfig):
             "Default: $OR1_VLLM_API_KEY, else $VLLM_API_KEY. Prefer the variable (a command line is visible in ps)."
         },
     )
-    logprob_backend: str = field(
-        default="auto",
-        metadata={
-            "help": "What computes per-token log-probs and entropies without [B, T, V] logits: 'trl' (TRL's fused LM "
-            "head), 'liger' (Liger-Kernel's fused linear cross-entropy) or 'auto' (liger on CPU, trl on GPUs).",
-            "choices": list(LOGPROB_BACKENDS),
-        },
-    )
+    logprob_backend: str = choice_field("auto", LOGPROB_BACKENDS, help=(
+        "What computes per-token log-probs and entropies without [B, T, V] logits: 'trl' (TRL's fused LM "
+        "head), 'liger' (Liger-Kernel's fused linear cross-entropy) or 'auto' (liger on CPU, trl on GPUs)."))
 
     padding_free: bool = field(
         default=False,
@@ -407,16 +368,11 @@ class OR1Config(GRPOConfig):
                   "forwards but the last are checkpointed, so this bounds the activation memory. None: one forward."},
     )
 
-    rollout_correction: str = field(
-        default=DEFAULT_ROLLOUT_CORRECTION,
-        metadata={
-            "help": "Correction for the vLLM/trainer log-prob mismatch: 'off' (none, the paper), 'token_truncate' "
-            "(per-token ratio capped at rollout_correction_cap), 'geo_mask_token_truncate' (sequence kept iff the "
-            "geometric mean of its ratios is in [1/c, c], length-independent, then per-token truncation), or 'trl' "
-            "(TRL's vllm_importance_sampling_* as set).",
-            "choices": list(ROLLOUT_CORRECTIONS),
-        },
-    )
+    rollout_correction: str = choice_field(DEFAULT_ROLLOUT_CORRECTION, ROLLOUT_CORRECTIONS, help=(
+        "Correction for the vLLM/trainer log-prob mismatch: 'off' (none, the paper), 'token_truncate' "
+        "(per-token ratio capped at rollout_correction_cap), 'geo_mask_token_truncate' (sequence kept iff the "
+        "geometric mean of its ratios is in [1/c, c], length-independent, then per-token truncation), or 'trl' "
+        "(TRL's vllm_importance_sampling_* as set)."))
     rollout_correction_cap: float = field(
         default=DEFAULT_CAP,
         metadata={"help": "c > 1: per-token truncation cap and geometric-mask bound [1/c, c] of rollout_correction."},
