@@ -122,9 +122,10 @@ def build_command(
     if weight_sync not in WEIGHT_SYNC_BACKENDS:
         raise ValueError(f"weight_sync must be one of {WEIGHT_SYNC_BACKENDS}, got {weight_sync!r}.")
     if (enable_lora or max_lora_rank is not None) and weight_sync != "disk":
-        raise ValueError("enable_lora/max_lora_rank need weight_sync='disk' (adapter-only sync is the disk sync's).")
+        raise ValueError("enable_lora (--enable-lora) and max_lora_rank need weight_sync='disk' (--weight-sync disk; "
+                         "adapter-only sync is the disk sync's).")
     if max_lora_rank is not None and not enable_lora:
-        raise ValueError("max_lora_rank needs enable_lora.")
+        raise ValueError("max_lora_rank (--max-lora-rank) needs enable_lora (--enable-lora).")
     api_key = resolve_api_key(api_key)
     if api_key is None and not is_loopback(host):
         raise ValueError(

@@ -99,16 +99,16 @@ class _Shard:
         self.header_size = len(json.dumps(self.header))
         self.offset = 0
 
-    def entry(self, name: str, tensor: torch.Tensor) -> dict:
+    def entry(self, tensor: torch.Tensor) -> dict:
         nbytes = tensor.numel() * tensor.element_size()
         return {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
                 "data_offsets": [self.offset, self.offset + nbytes]}
 
     def fits(self, name: str, tensor: torch.Tensor) -> bool:
-        return self.header_size + len(json.dumps({name: self.entry(name, tensor)})) + 1 <= HEADER_BYTES
+        return self.header_size + len(json.dumps({name: self.entry(tensor)})) + 1 <= HEADER_BYTES
 
     def add(self, name: str, tensor: torch.Tensor) -> int:
-        entry = self.entry(name, tensor)
+        entry = self.entry(tensor)
         self.header[name] = entry
         self.header_size += len(json.dumps({name: entry})) + 1
         if tensor.numel():  # the tensor's own memory, no copy (a CPU tensor already in the right dtype)
@@ -541,7 +541,7 @@ class OR1VLLMGeneration(VLLMGeneration):
                 self.vllm_client.watch = ServerWatch(self.vllm_client.base_url, self.server_timeout)
             return
         # Server mode without NCCL: the trainer talks HTTP only, so vLLM need not be installed on the trainer side.
-        decision = [None]
+        adapter = [False]
         if self.accelerator.is_main_process:
             base_url = self.server_base_url or f"http://{self.server_host}:{self.server_port}"
             self.vllm_client = http_vllm_client(
@@ -553,17 +553,16 @@ class OR1VLLMGeneration(VLLMGeneration):
                                             dtype=self.sync_dtype)
             self.disk_sync.check_server()
             self.vllm_client.watch = self.disk_sync.watch
-            adapter, why = self._adapter_decision()
+            adapter[0], why = self._adapter_decision()
             if self.sync_dir is None:
                 logger.info(self.disk_sync.use_default_dir(self.default_sync_dir, self._bytes_per_version()))
             dtype = self.disk_sync.dtype
-            logger.info(f"vLLM disk weight sync: {'the LoRA adapter only' if adapter else 'full weights'} ({why}), "
+            logger.info(f"vLLM disk weight sync: {'the LoRA adapter only' if adapter[0] else 'full weights'} ({why}), "
                         f"written in {str(dtype).removeprefix('torch.') if dtype else 'the model dtype'} "
                         f"(vllm_sync_dtype={self.sync_dtype!r}; the server computes in {self.disk_sync.server_info['dtype']}).")
-            decision = [(adapter, None)]
         if self.accelerator.num_processes > 1:
-            broadcast_object_list(decision, from_process=0)
-        self.adapter_sync = bool(decision[0] and decision[0][0])
+            broadcast_object_list(adapter, from_process=0)
+        self.adapter_sync = adapter[0]
         self.accelerator.wait_for_everyone()
 
     def _policy(self):
@@ -571,14 +570,13 @@ class OR1VLLMGeneration(VLLMGeneration):
 
     def _bytes_per_version(self) -> int:
         """Bytes of one pushed version of the full weights in the sync dtype (ZeRO-3 shards counted whole)."""
-        dtype = self.disk_sync.dtype
+        dtype, peft = self.disk_sync.dtype, self.adapter_sync_possible
         total = 0
         for name, param in self._policy().named_parameters():
-            if self.adapter_sync_possible and "lora_" in name:
+            if peft and "lora_" in name:  # merged into the base weights, or pushed apart (the adapter)
                 continue
-            numel = getattr(param, "ds_numel", param.numel())
-            size = torch.empty((), dtype=dtype).element_size() if dtype and param.is_floating_point() else param.element_size()
-            total += numel * size
+            size = dtype.itemsize if dtype and param.is_floating_point() else param.element_size()
+            total += getattr(param, "ds_numel", param.numel()) * size
         return total
 
     @property
@@ -638,24 +636,22 @@ class OR1VLLMGeneration(VLLMGeneration):
         if not self._uses_disk:
             return super().sync_weights()
         failure = None
-        if self.adapter_sync:  # nothing to gather (no DeepSpeed/FSDP): the main process reads its own copy
-            if self.accelerator.is_main_process:
-                try:
+        # Adapter-only sync gathers nothing (no DeepSpeed/FSDP): the main process reads its own copy. Otherwise every
+        # rank iterates, since gathering shards is collective.
+        params = None if self.adapter_sync else self._iter_named_params()
+        if self.accelerator.is_main_process:
+            try:
+                if self.adapter_sync:
                     policy = self._policy()
                     config = policy.peft_config[policy.active_adapter].to_dict()
                     base = self._base_params() if self.disk_sync.version == 0 else None
                     self.disk_sync.push_adapter(self._adapter_params(), config, base=base)
-                except ServerDownError as error:
-                    failure = str(error)
-        else:
-            params = self._iter_named_params()  # every rank iterates: gathering shards is collective
-            if self.accelerator.is_main_process:
-                try:
+                else:
                     self.disk_sync.push(params)
-                except ServerDownError as error:
-                    failure = str(error)
-            else:
-                _consume(params)
+            except ServerDownError as error:
+                failure = str(error)
+        elif params is not None:
+            _consume(params)
         self.accelerator.wait_for_everyone()  # no rank generates before the server holds the new weights
         sync = self.disk_sync
         self._share_outcome(failure, None if sync is None else {**sync.last_breakdown, "bytes": sync.last_bytes})

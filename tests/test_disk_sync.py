@@ -4,6 +4,8 @@ real vLLM CPU server started with `--enable-lora` (their log-probs equal the mer
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import requests
@@ -196,6 +198,15 @@ def test_serve_enable_lora_sets_vllms_flags_and_runtime_updates(monkeypatch):
     assert "--enable-lora" not in argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
     with pytest.raises(ValueError, match="need weight_sync='disk'"):
         build_command("m", "nccl", enable_lora=True)
+
+
+def test_serve_refuses_lora_flags_without_the_disk_sync_in_one_line(tmp_path):
+    serve = [sys.executable, "-m", "or1_trl.cli", "serve", str(tmp_path), "--python", "/bin/false"]
+    for flags, message in [(["--weight-sync", "nccl", "--enable-lora"], "need weight_sync='disk' (--weight-sync disk"),
+                           (["--weight-sync", "disk", "--max-lora-rank", "8"], "needs enable_lora (--enable-lora)")]:
+        result = subprocess.run([*serve, *flags], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert message in result.stderr.splitlines()[-1] and "or1-trl serve:" not in result.stdout  # nothing started
 
 
 def test_adapter_loaded_by_the_server_scores_as_the_merged_model(vllm_lora_server, tmp_path):

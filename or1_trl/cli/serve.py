@@ -46,10 +46,6 @@ class ServeArguments:
         self.weight_sync = self.weight_sync or default_weight_sync()
         if self.weight_sync not in WEIGHT_SYNC_BACKENDS:
             raise ValueError(f"--weight-sync must be one of {WEIGHT_SYNC_BACKENDS}, got {self.weight_sync!r}")
-        if (self.enable_lora or self.max_lora_rank is not None) and self.weight_sync != "disk":
-            raise ValueError("--enable-lora needs --weight-sync disk (the adapter-only sync is the disk sync's)")
-        if self.max_lora_rank is not None and not self.enable_lora:
-            raise ValueError("--max-lora-rank needs --enable-lora")
 
 
 def serve_parser(prog: str | None = "or1-trl serve"):
