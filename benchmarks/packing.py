@@ -1,7 +1,7 @@
 """Padded vs packed log-prob passes: time of the old-policy pass and of the policy forward+backward, side by side,
 and the policy pass's peak memory.
 
-    python benchmarks/packing.py [--caps 256 1024 2048] [--rows 16] [--repeats 3] [--markdown FILE]
+    python benchmarks/packing.py [--caps 256 1024 2048] [--rows 16] [--repeats 3] [--markdown FILE] [--json FILE]
     python benchmarks/packing.py --quick      # seconds-scale smoke run (the tests use it)
 
 One micro-batch of `--rows` rows, prompts of 32 tokens, completions drawn long-tailed as a truncating stage produces
@@ -23,6 +23,7 @@ packed grow with the rows, packed under a budget stays at the budget's.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
@@ -140,7 +141,8 @@ def table(results: list[dict]) -> list[str]:
     return lines
 
 
-def memory_lines(cap: int, rows: int) -> list[str]:
+def memory_lines(cap: int, rows: int) -> tuple[list[str], dict]:
+    """The memory table and its goal line, and the figures behind them unrounded (`--json`)."""
     peaks = {(mode, n): peak_memory(cap, n, mode) for n in (rows, 2 * rows) for mode in MODES}
     lines = [f"Peak memory of the policy forward+backward (deeper model, long-tailed, cap {cap:,}; peak RSS above the "
              "baseline, a fresh process each):", "",
@@ -153,7 +155,9 @@ def memory_lines(cap: int, rows: int) -> list[str]:
     lines += ["", f"Twice the rows: padded {growth['padded']:.2f}×, packed {growth['packed']:.2f}×, packed under the "
               f"budget {growth['budget']:.2f}× the peak. Goal: the budget, not rows × cap, sets the peak (≤ 1.2× at twice "
               f"the rows) — {'met' if met else 'missed'}."]
-    return lines
+    figures = {"rows": [rows, 2 * rows], "peak_gb": {mode: [peaks[(mode, n)] for n in (rows, 2 * rows)] for mode in MODES},
+               "growth": growth, "goal_met": met}
+    return lines, figures
 
 
 def goal_lines(results: list[dict]) -> list[str]:
@@ -173,11 +177,12 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="tiny settings (seconds; the numbers mean little)")
     parser.add_argument("--markdown", help="write the README block here")
+    parser.add_argument("--json", metavar="FILE", help="also write the block's figures, unrounded, to FILE")
     args = parser.parse_args(argv)
     if args.quick:
         args.caps, args.rows, args.repeats = [64], 8, 1
     torch.manual_seed(0)
-    memory = memory_lines(max(args.caps), args.rows)  # first: forked processes, before this one runs tensor work
+    memory, memory_figures = memory_lines(max(args.caps), args.rows)  # first: forked processes, before this one runs tensor work
     results = []
     for name in ("tiny", "deeper"):
         results.append(measure(name, "demo", 32, args.rows, args.repeats))
@@ -194,6 +199,9 @@ def main(argv=None):
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(block + "\n")
+    if args.json:  # what the block was computed from (the tests read these, not the rounded text)
+        with open(args.json, "w") as f:
+            json.dump({"results": results, "memory": memory_figures}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -101,6 +101,11 @@ class RolloutPrefetch:
         return self._future is not None
 
     @property
+    def ready(self) -> bool:
+        """Whether the rollout in flight has been generated (or failed): `result()` will not block for it."""
+        return self._future is not None and self._future.done()
+
+    @property
     def pending_version(self) -> int | None:
         """The weights version of the rollout in flight, `None` without one."""
         return self._version

