@@ -93,7 +93,7 @@ def test_data_files_errors_name_the_file(capsys, files):
 
 ARGUMENT_CASES = [
     (["--num_generations", "1"], "at least 2 generations per prompt"),
-    (["--max_completion_length", "0"], "max_completion_length=0 must be at least 1"),
+    (["--max_completion_length", "0"], "max_completion_length=0 must be an integer >= 1"),
     (["--entropy_target", "-0.2"], "entropy_target=-0.2 must be > 0"),
     (["--output_dir", "FILES/a_file"], "output_dir 'FILES/a_file' is a file"),
     (["--output_dir", "FILES/a_file/run"], "cannot be created: 'FILES/a_file' is a file"),
@@ -103,10 +103,30 @@ ARGUMENT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("flags,message", ARGUMENT_CASES, ids=["num_generations", "max_completion_length",
-                                                                "entropy_target", "output_dir-file",
-                                                                "output_dir-under-a-file", "output_dir-read-only",
-                                                                "abbreviation", "typo"])
+# Issue 32: each accepted and run to exit 0 (or 192 steps for max_steps -5), or a traceback before or during
+# training; now one line naming the field before the model loads.
+RANGE_CASES = [
+    (["--top_p", "2"], "top_p=2.0 must be in (0, 1]"),
+    (["--beta", "-1"], "beta=-1.0 must be >= 0 and finite"),
+    (["--epsilon", "-1"], "epsilon=-1.0 must be > 0 and finite"),
+    (["--epsilon_high", "-1"], "epsilon_high=-1.0 must be > 0 and finite, or None"),
+    (["--learning_rate", "1e308"], "learning_rate=1e+308 must be in (0, 10]"),
+    (["--learning_rate", "-1"], "learning_rate=-1.0 must be in (0, 10]"),
+    (["--save_total_limit", "-1"], "save_total_limit=-1 must be an integer >= 1, or None"),
+    (["--entropy_coef_delta", "nan"], "entropy_coef_delta=nan must be >= 0 and finite, or None"),
+    (["--max_steps", "-5"], "max_steps=-5 must be an integer >= 1, or -1"),
+    (["--num_generations", "0"], "num_generations=0 must be an integer >= 2"),
+    (["--gradient_accumulation_steps", "0"], "gradient_accumulation_steps=0 must be an integer >= 1"),
+    (["--per_device_train_batch_size", "0"], "per_device_train_batch_size=0 must be an integer >= 1"),
+    (["--temperature", "0"], "temperature=0.0 must be > 0 and finite"),
+    (["--temperature", "-1"], "temperature=-1.0 must be > 0 and finite"),
+]
+
+
+@pytest.mark.parametrize("flags,message", ARGUMENT_CASES + RANGE_CASES,
+                         ids=["num_generations", "max_completion_length", "entropy_target", "output_dir-file",
+                              "output_dir-under-a-file", "output_dir-read-only", "abbreviation", "typo",
+                              *(" ".join(flags) for flags, _ in RANGE_CASES)])
 def test_train_argument_errors(capsys, files, tmp_path, flags, message):
     readonly = read_only_dir(tmp_path)
     flags = [f.replace("FILES", str(files)).replace("READONLY", readonly) for f in flags]
@@ -176,7 +196,7 @@ def test_version_and_debug(tmp_path):
     assert result.returncode == 0 and result.stdout.strip() == f"or1-trl {or1_trl.__version__}"
     result = cli("--debug", "train", "--config", TINY, "--max_completion_length", "0", tmp_path=tmp_path)
     assert result.returncode == 1 and "Traceback" in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("ValueError: max_completion_length=0 must be at least 1")
+    assert result.stderr.strip().splitlines()[-1].startswith("ValueError: max_completion_length=0 must be an integer >= 1")
 
 
 def test_debug_env_shows_the_traceback(monkeypatch, files):
@@ -193,7 +213,7 @@ def test_training_script_errors_are_one_line_too(tmp_path):
                              "--num_generations", "1"], capture_output=True, text=True, cwd=tmp_path, timeout=300,
                             env=env)
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and lines[-1].startswith("train_or1.py: error: GRPO requires at least 2 generations")
+    assert result.returncode == 2 and lines[-1].startswith("train_or1.py: error: num_generations=1 must be an integer >= 2 (GRPO requires at least 2 generations")
     assert lines[-2].startswith("usage: train_or1.py [options]")
 
 
