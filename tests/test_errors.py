@@ -228,3 +228,29 @@ def test_every_command_checks_its_output_dir_first(capsys, files, argv):
     argv = [a.replace("FILES", str(files)) for a in argv]
     code, err = run_main(capsys, [*argv, "--output_dir", str(files / "a_file")])
     assert_one_line_error(code, err, argv[0], f"output_dir {str(files / 'a_file')!r} is a file")
+
+
+STATS_CASES = [  # prompt_stats.jsonl lines after a good one: what select-examples said before, in the comment
+    ({"prompt_id": "a", "stage": 0, "step": 2, "samples": 4, "correct": 1},  # ranked, epochs mixed up silently
+     "stats.jsonl:2 has no 'epoch' field, line 1 has one: the file mixes two logs' schemas"),
+    ({"step": 2, "loss": 0.1}, "stats.jsonl:2 has no prompt_id, stage, samples, correct"),  # KeyError
+    ([1, 2], "stats.jsonl:2 is a JSON list, not a record"),  # TypeError
+    ({"prompt_id": "a", "stage": 0, "epoch": None, "step": 2, "samples": 4, "correct": 1},  # TypeError in sort
+     "stats.jsonl:2 has epoch=None, not an integer"),
+    ({"prompt_id": "a", "stage": 0, "epoch": 1, "step": 2, "samples": "4", "correct": 1},  # TypeError
+     "stats.jsonl:2 has samples='4', not an integer"),
+    ({"prompt_id": "a", "stage": 0, "epoch": 1, "step": 2, "samples": 4, "correct": 5},  # accuracy 1.25 ranked
+     "stats.jsonl:2 has correct=5 outside [0, samples=4]"),
+]
+
+
+@pytest.mark.parametrize("line,message", STATS_CASES, ids=["mixed-epoch", "other-log", "list", "epoch-null",
+                                                           "samples-text", "correct-above-samples"])
+def test_select_examples_names_the_bad_stats_line(capsys, files, line, message):
+    good = {"prompt_id": "a", "stage": 0, "epoch": 0, "step": 1, "samples": 4, "correct": 2}
+    (files / "stats.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(line) + "\n")
+    (files / "pool.jsonl").write_text(json.dumps({"id": "a", "prompt": "1+1", "answer": "2"}) + "\n")
+    code, err = run_main(capsys, ["select-examples", "--stats", str(files / "stats.jsonl"), "--dataset_name",
+                                  str(files / "pool.jsonl"), "--output_dir", str(files / "pi1")])
+    assert_one_line_error(code, err, "select-examples", f"{files}/{message}")
+    assert not (files / "pi1").exists()
