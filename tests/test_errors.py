@@ -254,3 +254,36 @@ def test_select_examples_names_the_bad_stats_line(capsys, files, line, message):
                                   str(files / "pool.jsonl"), "--output_dir", str(files / "pi1")])
     assert_one_line_error(code, err, "select-examples", f"{files}/{message}")
     assert not (files / "pi1").exists()
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB tmpfs (needs root to mount): room for a run's logs, not for the tiny model's weights."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    if mounted.returncode:
+        pytest.skip(f"a real full disk needs a tmpfs, which needs root: {mounted.stderr.strip()}")
+    yield disk
+    subprocess.run(["umount", "--lazy", str(disk)], check=True)
+
+
+@pytest.mark.parametrize("save,what", [(["--save_strategy", "steps", "--save_steps", "1"], "checkpoint-1 was not saved"),
+                                       (["--save_strategy", "no"], "the final model was not saved")],
+                         ids=["checkpoint", "final-model"])
+def test_full_disk_while_saving_is_one_line(capsys, tmp_path, full_disk, save, what):
+    """Was a 59-line traceback (the checkpoint's DiskFullError, or safetensors' error of the final save)."""
+    from or1_trl.testing import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "model")
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+1=?", "answer": str(i + 1)}) + "\n"
+                                                  for i in range(4)))
+    with pytest.raises(SystemExit) as exc:
+        main([*TRAIN, "--model_name_or_path", model, "--dataset_name", str(tmp_path / "train.jsonl"), "--output_dir",
+              str(full_disk / "run"), "--max_steps", "1", *save])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert exc.value.code == 1, err[-2000:]
+    assert lines[-1].startswith(f"or1-trl train: error: no space left on {full_disk / 'run'}: {what}"), lines[-3:]
+    assert "Traceback" not in err and sum("no space left" in line for line in lines) == 1
