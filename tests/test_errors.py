@@ -287,3 +287,24 @@ def test_full_disk_while_saving_is_one_line(capsys, tmp_path, full_disk, save, w
     assert exc.value.code == 1, err[-2000:]
     assert lines[-1].startswith(f"or1-trl train: error: no space left on {full_disk / 'run'}: {what}"), lines[-3:]
     assert "Traceback" not in err and sum("no space left" in line for line in lines) == 1
+
+
+def test_unreachable_vllm_server_says_what_it_waits_for_then_one_line(tmp_path):
+    """Was: silence for vllm_server_timeout (240 s by default), then TRL's line naming `vllm serve` and no flag."""
+    import socket
+
+    from or1_trl.testing import save_tiny_model
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    model = save_tiny_model(tmp_path / "model")
+    (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": "1+1=?", "answer": "2"}) + "\n")
+    result = cli("train", "--config", TINY, "--model_name_or_path", model, "--dataset_name", "train.jsonl",
+                 "--output_dir", "out", "--use_vllm", "true", "--vllm_mode", "server", "--vllm_server_base_url", url,
+                 "--vllm_server_timeout", "2", tmp_path=tmp_path)
+    assert_one_line_error(result.returncode, result.stderr, "train",
+                          f"no vLLM server answered at {url} within vllm_server_timeout=2 s: start one (`or1-trl serve "
+                          "MODEL`) or point --vllm_server_base_url at it")
+    waiting = [line for line in result.stderr.splitlines() if line.startswith("Waiting up to")]
+    assert waiting == [f"Waiting up to 2 s (vllm_server_timeout) for the vLLM server at {url} to answer /health."]
