@@ -215,6 +215,11 @@ class OR1Config(GRPOConfig):
             which continues the run) such an `output_dir` is refused, so nothing of a previous run is lost silently.
             (transformers 5 dropped `TrainingArguments.overwrite_output_dir`; this is OR1's, `or1_trl/checkpoint.py`.)
 
+    Every numeric field the trainer reads — these, TRL's and transformers' — must lie in its range
+    (`or1_trl/ranges.py`, `FIELD_RANGES`: e.g. `top_p` in (0, 1], `temperature` > 0, `max_steps` >= 1 or -1,
+    `0 < learning_rate <= 10`; no NaN or inf), checked before anything else: a `ValueError` names the field, its value,
+    the range and why (one line and exit status 2 on the command line, before the model loads).
+
     `use_liger_kernel=True` (TRL's field: Liger's Triton layer kernels, as Skywork trained with them) is CUDA-only;
     on CPU it is an error. `bf16` left unset (TRL turns it on) is `False` on a machine without CUDA (one log line says
     so). `output_dir` must be a directory that exists or can be created, and be writable (checked here, before
