@@ -23,7 +23,8 @@ tens of GB) at every save and every resume. CRC-32 itself runs at ~6 GB/s here; 
 
 `OR1Trainer` also holds back transformers' checkpoint rotation until the marker is written, so a kill — or a full
 disk: `saving(folder)` turns it into one line, "no space left on <dir>", and removes the partial folder — can never
-leave the output directory without the complete checkpoint that existed before.
+leave the output directory without the complete checkpoint that existed before. The final model's save
+(`saving_final`, `run.train_and_save`) says the same line; `or1-trl train` prints it alone, exit status 1.
 
 **Relaunch safety.** `check_output_dir` refuses an output directory holding a previous run's checkpoints or
 `prompt_stats.jsonl` unless `resume_from_checkpoint` (continue it) or `overwrite_output_dir` (start over: `start_over`
@@ -316,9 +317,27 @@ def saving(folder: str):
             raise
         shutil.rmtree(folder, ignore_errors=True)
         output_dir = os.path.dirname(folder)
-        earlier = [os.path.basename(c) for c in checkpoints(output_dir) if os.path.exists(os.path.join(c, MARKER_FILE))]
-        resume = f"resume from {earlier[-1]}" if earlier else "no earlier checkpoint to resume from"
         raise DiskFullError(
             f"no space left on {output_dir}: {os.path.basename(folder)} was not saved (its partial folder is removed); "
-            f"free space, then --resume_from_checkpoint true ({resume})."
+            f"free space, then --resume_from_checkpoint true ({_resume_hint(output_dir)})."
+        ) from None
+
+
+def _resume_hint(output_dir: str) -> str:
+    earlier = [os.path.basename(c) for c in checkpoints(output_dir) if os.path.exists(os.path.join(c, MARKER_FILE))]
+    return f"resume from {earlier[-1]}" if earlier else "no earlier checkpoint to resume from"
+
+
+@contextmanager
+def saving_final(output_dir: str):
+    """Around the final `save_model(output_dir)`: a full disk becomes a one-line `DiskFullError` ("no space left on
+    <dir>: the final model was not saved ..."); the checkpoints stay as they are."""
+    try:
+        yield
+    except Exception as exc:
+        if not _disk_full(exc, output_dir):
+            raise
+        raise DiskFullError(
+            f"no space left on {output_dir}: the final model was not saved (its files there may be partial); free "
+            f"space, then --resume_from_checkpoint true ({_resume_hint(output_dir)}) saves it again."
         ) from None

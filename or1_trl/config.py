@@ -17,6 +17,7 @@ from .logprobs import LOGPROB_BACKENDS, liger_available
 from .loss import TOKEN_SUM_LOSSES
 from .packing import attention_problem
 from .paths import output_dir_problem
+from .ranges import check_ranges
 from .rollout_correction import DEFAULT_CAP, DEFAULT_ROLLOUT_CORRECTION, ROLLOUT_CORRECTIONS
 from .serve import SYNC_DTYPES, SYNC_PEFT_MODES, WEIGHT_SYNC_BACKENDS, default_weight_sync
 from .stages import Stage, parse_stages, validate_stages
@@ -214,6 +215,11 @@ class OR1Config(GRPOConfig):
             which continues the run) such an `output_dir` is refused, so nothing of a previous run is lost silently.
             (transformers 5 dropped `TrainingArguments.overwrite_output_dir`; this is OR1's, `or1_trl/checkpoint.py`.)
 
+    Every numeric field the trainer reads — these, TRL's and transformers' — must lie in its range
+    (`or1_trl/ranges.py`, `FIELD_RANGES`: e.g. `top_p` in (0, 1], `temperature` > 0, `max_steps` >= 1 or -1,
+    `0 < learning_rate <= 10`; no NaN or inf), checked before anything else: a `ValueError` names the field, its value,
+    the range and why (one line and exit status 2 on the command line, before the model loads).
+
     `use_liger_kernel=True` (TRL's field: Liger's Triton layer kernels, as Skywork trained with them) is CUDA-only;
     on CPU it is an error. `bf16` left unset (TRL turns it on) is `False` on a machine without CUDA (one log line says
     so). `output_dir` must be a directory that exists or can be created, and be writable (checked here, before
@@ -400,6 +406,7 @@ class OR1Config(GRPOConfig):
     )
 
     def __post_init__(self):
+        check_ranges(self)  # every numeric field in its range (`ranges.FIELD_RANGES`), before TRL divides by any
         self._apply_entropy_preset()
         self._apply_stages()
         self._default_bf16_off_without_cuda()
@@ -464,9 +471,6 @@ class OR1Config(GRPOConfig):
         """Check `rollout_correction` and set TRL's `vllm_importance_sampling_*` for it (left as set with "trl")."""
         if self.rollout_correction not in ROLLOUT_CORRECTIONS:
             raise ValueError(f"rollout_correction={self.rollout_correction!r} is not one of {list(ROLLOUT_CORRECTIONS)}.")
-        if not self.rollout_correction_cap > 1.0:
-            raise ValueError(f"rollout_correction_cap={self.rollout_correction_cap} must be > 1 (the ratio cap c; the "
-                             "geometric mask keeps [1/c, c]).")
         if self.rollout_correction == "trl":
             return
         ours = {"vllm_importance_sampling_correction": False} if self.rollout_correction == "off" else {
@@ -483,8 +487,6 @@ class OR1Config(GRPOConfig):
             setattr(self, name, value)
 
     def _validate_async_generation(self):
-        if self.max_staleness < 1:
-            raise ValueError(f"max_staleness={self.max_staleness} must be >= 1 (updates a rollout may lag).")
         if not self.async_generation:
             return
         if not self.use_vllm or self.vllm_mode != "server":
@@ -582,16 +584,11 @@ class OR1Config(GRPOConfig):
             raise ValueError(problem)
         if self.max_tokens_per_microbatch is not None and not self.padding_free:
             raise ValueError("max_tokens_per_microbatch is the packed forwards' budget: set padding_free=True with it.")
-        if self.max_tokens_per_microbatch is not None and self.max_tokens_per_microbatch < 1:
-            raise ValueError(f"max_tokens_per_microbatch={self.max_tokens_per_microbatch} must be at least 1 token.")
         if not self.padding_free and any(stage.max_tokens_per_microbatch is not None for stage in self.stage_list):
             raise ValueError("a stage sets max_tokens_per_microbatch, the packed forwards' budget: set padding_free=True.")
         problem = attention_problem((self.model_init_kwargs or {}).get("attn_implementation"))
         if self.padding_free and problem:
             raise ValueError(problem)
-        if self.max_completion_length is not None and self.max_completion_length < 1:
-            raise ValueError(f"max_completion_length={self.max_completion_length} must be at least 1 (tokens per "
-                             "completion).")
         for name, allowed in (
             ("rejection_sampling", REJECTION_MODES),
             ("entropy_estimator", ENTROPY_ESTIMATORS),
@@ -605,32 +602,8 @@ class OR1Config(GRPOConfig):
         if self.logprob_backend == "liger" and not liger_available():
             raise ValueError("logprob_backend='liger' needs liger-kernel: pip install liger-kernel==0.8.5 (Linux only).")
         check_liger_layer_kernels(self)
-        if not 0.0 <= self.top_entropy_quantile <= 1.0:
-            raise ValueError(
-                f"top_entropy_quantile={self.top_entropy_quantile} must be in [0, 1] (0.2 for the 80/20 rule)."
-            )
-        if self.online_filter_threshold is not None and not 0.0 < self.online_filter_threshold <= 1.0:
-            raise ValueError(
-                f"online_filter_threshold={self.online_filter_threshold} must be in (0, 1] (accuracy), or None (off)."
-            )
-        if self.online_filter_unsolved_after is not None and self.online_filter_unsolved_after < 1:
-            raise ValueError(f"online_filter_unsolved_after={self.online_filter_unsolved_after} must be >= 1 or None.")
-        if self.max_prompt_length is not None and self.max_prompt_length < 1:
-            raise ValueError(f"max_prompt_length={self.max_prompt_length} must be >= 1 or None (no truncation).")
-        if self.skipped_steps_warning < 0:
-            raise ValueError(f"skipped_steps_warning={self.skipped_steps_warning} must be >= 0 (0: no warning).")
-        if self.rejection_refill_rounds < 0:
-            raise ValueError(f"rejection_refill_rounds={self.rejection_refill_rounds} must be >= 0.")
         if self.rejection_refill_rounds and self.rejection_sampling == "off":
             raise ValueError("rejection_refill_rounds refills rejected groups: it needs rejection_sampling != 'off'.")
-        if self.entropy_target <= 0:
-            raise ValueError(f"entropy_target={self.entropy_target} must be > 0 nats (the paper uses 0.2).")
-        if not 0.0 < self.entropy_collapse_fraction <= 1.0:
-            raise ValueError(f"entropy_collapse_fraction={self.entropy_collapse_fraction} must be in (0, 1].")
-        if self.entropy_collapse_steps < 0:
-            raise ValueError(f"entropy_collapse_steps={self.entropy_collapse_steps} must be >= 0 (0: no warning).")
-        if self.entropy_coef_delta < 0:
-            raise ValueError(f"entropy_coef_delta={self.entropy_coef_delta} must be >= 0.")
         if not self.entropy_coef_min <= self.entropy_coef_max:
             raise ValueError(
                 f"entropy_coef_min={self.entropy_coef_min} must not exceed entropy_coef_max={self.entropy_coef_max}."

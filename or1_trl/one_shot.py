@@ -34,18 +34,51 @@ class RankedPrompt:
     accuracies: list[float]
 
 
+#: The fields `epoch_accuracies` reads from each record (`prompts.StatsLog`), and their types; `epoch` is absent in
+#: logs written before epochs were recorded (then `step` counts one epoch per record).
+STATS_FIELDS = {"prompt_id": str, "stage": int, "step": int, "samples": int, "correct": int}
+
+
+def record_problem(record) -> str | None:
+    """What keeps `record` (one parsed line of `prompt_stats.jsonl`) from being ranked, or `None`."""
+    if not isinstance(record, dict):
+        return f"is a JSON {type(record).__name__}, not a record {{prompt_id, stage, epoch, step, samples, correct}}"
+    missing = [name for name in STATS_FIELDS if name not in record]
+    if missing:
+        return f"has no {', '.join(missing)} (fields: {sorted(record)}): not a prompt_stats.jsonl record"
+    for name, kind in [*STATS_FIELDS.items(), *([("epoch", int)] if "epoch" in record else [])]:
+        value = record[name]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"has {name}={value!r}, not {'an integer' if kind is int else 'a string'}"
+    if not 0 <= record["correct"] <= record["samples"]:
+        return f"has correct={record['correct']} outside [0, samples={record['samples']}]"
+    return None
+
+
 def read_stats(path: str) -> list[dict]:
-    """The records of a `prompt_stats.jsonl` (a `ValueError` naming the line if one is not JSON)."""
+    """The records of a `prompt_stats.jsonl`. A `ValueError` (one line) names the first line that is not JSON, not
+    a record (`record_problem`), or whose schema differs from the first record's (with and without `epoch`: two
+    runs' logs in one file, whose epochs count differently)."""
     if not os.path.exists(path):
         raise ValueError(f"no statistics at {path!r}: a training run writes <output_dir>/prompt_stats.jsonl")
-    records = []
+    records, first = [], None
     with open(path) as f:
         for number, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except ValueError as exc:
-                    raise ValueError(f"{path}:{number} is not a JSON record ({exc})") from None
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number} is not a JSON record ({exc})") from None
+            problem = record_problem(record)
+            if problem:
+                raise ValueError(f"{path}:{number} {problem}")
+            first = first or (number, "epoch" in record)
+            if ("epoch" in record) != first[1]:
+                raise ValueError(f"{path}:{number} {'has an' if first[1] is False else 'has no'} 'epoch' field, line "
+                                 f"{first[0]} {'has one' if first[1] else 'none'}: the file mixes two logs' schemas, "
+                                 "whose epochs count differently; rank one run's log")
+            records.append(record)
     if not records:
         raise ValueError(f"{path!r} holds no records: the run it comes from trained no step")
     return records

@@ -134,9 +134,12 @@ def build_trainer(script_args, training_args, model_args):
 
 def train_and_save(trainer, dataset_name: str | None = None) -> None:
     """Train (resuming from `args.resume_from_checkpoint`), save the model to `args.output_dir`, push it to the Hub
-    when `args.push_to_hub`."""
+    when `args.push_to_hub`. A full disk while saving a checkpoint or the model: `checkpoint.DiskFullError`, one line."""
+    from .checkpoint import saving_final
+
     args = trainer.args
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-    trainer.save_model(args.output_dir)
+    with saving_final(args.output_dir):  # a full disk: one line (`checkpoint.DiskFullError`)
+        trainer.save_model(args.output_dir)
     if args.push_to_hub:
         trainer.push_to_hub(dataset_name=dataset_name)

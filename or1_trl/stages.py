@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, fields
 
 from transformers import TrainerCallback
 
+from .ranges import FIELD_RANGES
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -90,15 +92,16 @@ def validate_stages(stages: list[Stage], max_steps: int) -> int:
                 f"stages[{i}].until_step={stage.until_step!r} must be an integer > {previous}: stages end at strictly "
                 "increasing optimizer steps."
             )
-        for name in ("max_completion_length", "batch_size", "mini_batch_size", "num_generations",
-                     "max_tokens_per_microbatch"):
+        for name in ("batch_size", "mini_batch_size"):
             value = getattr(stage, name)
-            if value is not None and (not isinstance(value, int) or value <= 0):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
                 raise ValueError(f"stages[{i}].{name}={value!r} must be a positive integer.")
-        for name in ("temperature", "learning_rate"):
+        for name in ("max_completion_length", "num_generations", "temperature", "learning_rate",
+                     "max_tokens_per_microbatch"):  # the run's fields of these names: their ranges
             value = getattr(stage, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"stages[{i}].{name}={value!r} must be > 0.")
+            problem = None if value is None else FIELD_RANGES[name].problem(f"stages[{i}].{name}", value)
+            if problem:
+                raise ValueError(problem)
         previous = stage.until_step
     if not stages:
         return max_steps

@@ -55,7 +55,7 @@ from trl.generation import vllm_generation
 from trl.generation.vllm_client import VLLMClient
 from trl.generation.vllm_generation import VLLMGeneration
 
-from .serve import SYNC_DTYPES, SYNC_PEFT_MODES, authorize, resolve_api_key
+from .serve import SYNC_DTYPES, SYNC_PEFT_MODES, authorize, resolve_api_key, wait_for_health
 from .server_health import ServerDownError, ServerWatch, mount_retries
 
 logger = logging.get_logger(__name__)
@@ -439,6 +439,23 @@ class OR1VLLMClient(VLLMClient):
         self.watch: ServerWatch | None = None
         super().__init__(*args, **kwargs)  # its first request (`/v1/models`) already goes through the session
         mount_retries(self.session)  # ours in place of TRL's (5 tries, up to a minute of backoff): the watch waits
+
+    def check_server(self, total_timeout: float = 0.0, retry_interval: float = 2.0):
+        """TRL's check (`VLLMClient.__init__` calls it with `vllm_server_timeout`), which waits in silence and polls
+        without a request timeout: a server that does not answer at once gets one line saying what is awaited (URL,
+        timeout), then `/health` is polled (5 s per request); not up in `total_timeout` s: a one-line
+        `ConnectionError` (exit status 2 on the command line). Once it answers, TRL's own check runs (one request;
+        it reads the server's host for NCCL)."""
+        if not ServerWatch(self.base_url, total_timeout).healthy():
+            logger.warning(f"Waiting up to {total_timeout:g} s (vllm_server_timeout) for the vLLM server at "
+                           f"{self.base_url} to answer /health.")
+            try:
+                wait_for_health(self.base_url, timeout=total_timeout)
+            except TimeoutError:
+                raise ConnectionError(
+                    f"no vLLM server answered at {self.base_url} within vllm_server_timeout={total_timeout:g} s: start "
+                    "one (`or1-trl serve MODEL`) or point --vllm_server_base_url at it") from None
+        super().check_server(total_timeout, retry_interval)
 
     def generate(self, *args, **kwargs):
         return self._watched(super().generate, *args, **kwargs)

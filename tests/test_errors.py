@@ -93,7 +93,7 @@ def test_data_files_errors_name_the_file(capsys, files):
 
 ARGUMENT_CASES = [
     (["--num_generations", "1"], "at least 2 generations per prompt"),
-    (["--max_completion_length", "0"], "max_completion_length=0 must be at least 1"),
+    (["--max_completion_length", "0"], "max_completion_length=0 must be an integer >= 1"),
     (["--entropy_target", "-0.2"], "entropy_target=-0.2 must be > 0"),
     (["--output_dir", "FILES/a_file"], "output_dir 'FILES/a_file' is a file"),
     (["--output_dir", "FILES/a_file/run"], "cannot be created: 'FILES/a_file' is a file"),
@@ -103,10 +103,30 @@ ARGUMENT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("flags,message", ARGUMENT_CASES, ids=["num_generations", "max_completion_length",
-                                                                "entropy_target", "output_dir-file",
-                                                                "output_dir-under-a-file", "output_dir-read-only",
-                                                                "abbreviation", "typo"])
+# Issue 32: each accepted and run to exit 0 (or 192 steps for max_steps -5), or a traceback before or during
+# training; now one line naming the field before the model loads.
+RANGE_CASES = [
+    (["--top_p", "2"], "top_p=2.0 must be in (0, 1]"),
+    (["--beta", "-1"], "beta=-1.0 must be >= 0 and finite"),
+    (["--epsilon", "-1"], "epsilon=-1.0 must be > 0 and finite"),
+    (["--epsilon_high", "-1"], "epsilon_high=-1.0 must be > 0 and finite, or None"),
+    (["--learning_rate", "1e308"], "learning_rate=1e+308 must be in (0, 10]"),
+    (["--learning_rate", "-1"], "learning_rate=-1.0 must be in (0, 10]"),
+    (["--save_total_limit", "-1"], "save_total_limit=-1 must be an integer >= 1, or None"),
+    (["--entropy_coef_delta", "nan"], "entropy_coef_delta=nan must be >= 0 and finite, or None"),
+    (["--max_steps", "-5"], "max_steps=-5 must be an integer >= 1, or -1"),
+    (["--num_generations", "0"], "num_generations=0 must be an integer >= 2"),
+    (["--gradient_accumulation_steps", "0"], "gradient_accumulation_steps=0 must be an integer >= 1"),
+    (["--per_device_train_batch_size", "0"], "per_device_train_batch_size=0 must be an integer >= 1"),
+    (["--temperature", "0"], "temperature=0.0 must be > 0 and finite"),
+    (["--temperature", "-1"], "temperature=-1.0 must be > 0 and finite"),
+]
+
+
+@pytest.mark.parametrize("flags,message", ARGUMENT_CASES + RANGE_CASES,
+                         ids=["num_generations", "max_completion_length", "entropy_target", "output_dir-file",
+                              "output_dir-under-a-file", "output_dir-read-only", "abbreviation", "typo",
+                              *(" ".join(flags) for flags, _ in RANGE_CASES)])
 def test_train_argument_errors(capsys, files, tmp_path, flags, message):
     readonly = read_only_dir(tmp_path)
     flags = [f.replace("FILES", str(files)).replace("READONLY", readonly) for f in flags]
@@ -176,7 +196,7 @@ def test_version_and_debug(tmp_path):
     assert result.returncode == 0 and result.stdout.strip() == f"or1-trl {or1_trl.__version__}"
     result = cli("--debug", "train", "--config", TINY, "--max_completion_length", "0", tmp_path=tmp_path)
     assert result.returncode == 1 and "Traceback" in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("ValueError: max_completion_length=0 must be at least 1")
+    assert result.stderr.strip().splitlines()[-1].startswith("ValueError: max_completion_length=0 must be an integer >= 1")
 
 
 def test_debug_env_shows_the_traceback(monkeypatch, files):
@@ -193,7 +213,7 @@ def test_training_script_errors_are_one_line_too(tmp_path):
                              "--num_generations", "1"], capture_output=True, text=True, cwd=tmp_path, timeout=300,
                             env=env)
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 2 and lines[-1].startswith("train_or1.py: error: GRPO requires at least 2 generations")
+    assert result.returncode == 2 and lines[-1].startswith("train_or1.py: error: num_generations=1 must be an integer >= 2 (GRPO requires at least 2 generations")
     assert lines[-2].startswith("usage: train_or1.py [options]")
 
 
@@ -208,3 +228,83 @@ def test_every_command_checks_its_output_dir_first(capsys, files, argv):
     argv = [a.replace("FILES", str(files)) for a in argv]
     code, err = run_main(capsys, [*argv, "--output_dir", str(files / "a_file")])
     assert_one_line_error(code, err, argv[0], f"output_dir {str(files / 'a_file')!r} is a file")
+
+
+STATS_CASES = [  # prompt_stats.jsonl lines after a good one: what select-examples said before, in the comment
+    ({"prompt_id": "a", "stage": 0, "step": 2, "samples": 4, "correct": 1},  # ranked, epochs mixed up silently
+     "stats.jsonl:2 has no 'epoch' field, line 1 has one: the file mixes two logs' schemas"),
+    ({"step": 2, "loss": 0.1}, "stats.jsonl:2 has no prompt_id, stage, samples, correct"),  # KeyError
+    ([1, 2], "stats.jsonl:2 is a JSON list, not a record"),  # TypeError
+    ({"prompt_id": "a", "stage": 0, "epoch": None, "step": 2, "samples": 4, "correct": 1},  # TypeError in sort
+     "stats.jsonl:2 has epoch=None, not an integer"),
+    ({"prompt_id": "a", "stage": 0, "epoch": 1, "step": 2, "samples": "4", "correct": 1},  # TypeError
+     "stats.jsonl:2 has samples='4', not an integer"),
+    ({"prompt_id": "a", "stage": 0, "epoch": 1, "step": 2, "samples": 4, "correct": 5},  # accuracy 1.25 ranked
+     "stats.jsonl:2 has correct=5 outside [0, samples=4]"),
+]
+
+
+@pytest.mark.parametrize("line,message", STATS_CASES, ids=["mixed-epoch", "other-log", "list", "epoch-null",
+                                                           "samples-text", "correct-above-samples"])
+def test_select_examples_names_the_bad_stats_line(capsys, files, line, message):
+    good = {"prompt_id": "a", "stage": 0, "epoch": 0, "step": 1, "samples": 4, "correct": 2}
+    (files / "stats.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(line) + "\n")
+    (files / "pool.jsonl").write_text(json.dumps({"id": "a", "prompt": "1+1", "answer": "2"}) + "\n")
+    code, err = run_main(capsys, ["select-examples", "--stats", str(files / "stats.jsonl"), "--dataset_name",
+                                  str(files / "pool.jsonl"), "--output_dir", str(files / "pi1")])
+    assert_one_line_error(code, err, "select-examples", f"{files}/{message}")
+    assert not (files / "pi1").exists()
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB tmpfs (needs root to mount): room for a run's logs, not for the tiny model's weights."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    if mounted.returncode:
+        pytest.skip(f"a real full disk needs a tmpfs, which needs root: {mounted.stderr.strip()}")
+    yield disk
+    subprocess.run(["umount", "--lazy", str(disk)], check=True)
+
+
+@pytest.mark.parametrize("save,what", [(["--save_strategy", "steps", "--save_steps", "1"], "checkpoint-1 was not saved"),
+                                       (["--save_strategy", "no"], "the final model was not saved")],
+                         ids=["checkpoint", "final-model"])
+def test_full_disk_while_saving_is_one_line(capsys, tmp_path, full_disk, save, what):
+    """Was a 59-line traceback (the checkpoint's DiskFullError, or safetensors' error of the final save)."""
+    from or1_trl.testing import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "model")
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+1=?", "answer": str(i + 1)}) + "\n"
+                                                  for i in range(4)))
+    with pytest.raises(SystemExit) as exc:
+        main([*TRAIN, "--model_name_or_path", model, "--dataset_name", str(tmp_path / "train.jsonl"), "--output_dir",
+              str(full_disk / "run"), "--max_steps", "1", *save])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert exc.value.code == 1, err[-2000:]
+    assert lines[-1].startswith(f"or1-trl train: error: no space left on {full_disk / 'run'}: {what}"), lines[-3:]
+    assert "Traceback" not in err and sum("no space left" in line for line in lines) == 1
+
+
+def test_unreachable_vllm_server_says_what_it_waits_for_then_one_line(tmp_path):
+    """Was: silence for vllm_server_timeout (240 s by default), then TRL's line naming `vllm serve` and no flag."""
+    import socket
+
+    from or1_trl.testing import save_tiny_model
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    model = save_tiny_model(tmp_path / "model")
+    (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": "1+1=?", "answer": "2"}) + "\n")
+    result = cli("train", "--config", TINY, "--model_name_or_path", model, "--dataset_name", "train.jsonl",
+                 "--output_dir", "out", "--use_vllm", "true", "--vllm_mode", "server", "--vllm_server_base_url", url,
+                 "--vllm_server_timeout", "2", tmp_path=tmp_path)
+    assert_one_line_error(result.returncode, result.stderr, "train",
+                          f"no vLLM server answered at {url} within vllm_server_timeout=2 s: start one (`or1-trl serve "
+                          "MODEL`) or point --vllm_server_base_url at it")
+    waiting = [line for line in result.stderr.splitlines() if line.startswith("Waiting up to")]
+    assert waiting == [f"Waiting up to 2 s (vllm_server_timeout) for the vLLM server at {url} to answer /health."]

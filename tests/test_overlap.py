@@ -185,7 +185,7 @@ def test_async_generation_defaults_off_and_is_validated(tmp_path):
          "rollout_correction='off' turns off: set rollout_correction='geo_mask_token_truncate'"),
         (dict(SERVER, async_generation=True, rollout_correction="trl", vllm_importance_sampling_correction=False),
          "rollout_correction='trl' turns off"),
-        (dict(max_staleness=0), "max_staleness=0 must be >= 1"),
+        (dict(max_staleness=0), "max_staleness=0 must be an integer >= 1"),
     ]:
         with pytest.raises(ValueError, match=message):
             OR1Config(**tiny_training_args(tmp_path, **overrides))

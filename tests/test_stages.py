@@ -48,7 +48,10 @@ def test_paper_7b_stages_in_trl_terms():
         ([{"until_step": 10}, {"until_step": 20}], 30, "The last stage ends at step 20, before max_steps=30"),
         ([{"until_step": 10, "context": 4}], -1, r"unknown field\(s\) \['context'\]"),
         ([{"max_completion_length": 4}], -1, "needs `until_step`"),
-        ([{"until_step": 5, "num_generations": 0}], -1, "must be a positive integer"),
+        ([{"until_step": 5, "num_generations": 0}], -1, r"stages\[0\].num_generations=0 must be an integer >= 2"),
+        ([{"until_step": 5, "temperature": float("nan")}], -1, r"stages\[0\].temperature=nan must be > 0 and finite"),
+        ([{"until_step": 5, "learning_rate": 1e308}], -1, r"stages\[0\].learning_rate=1e\+308 must be in \(0, 10\]"),
+        ([{"until_step": 5, "batch_size": 0}], -1, r"stages\[0\].batch_size=0 must be a positive integer"),
         ({"until_step": 5}, -1, "must be a list"),
     ],
 )

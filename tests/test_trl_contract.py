@@ -209,6 +209,9 @@ CONTRACT: list[Use] = [
     Use(VLLM_CLIENT, "generate", METHOD, "self, prompts, ...",
         "weight_sync.py overrides: OR1VLLMClient sends it through ServerWatch (health, weights version, re-request)"),
     Use(VLLM_CLIENT, "chat", METHOD, "self, messages, ...", "weight_sync.py overrides: as generate"),
+    Use(VLLM_CLIENT, "check_server", METHOD, "self, total_timeout=, retry_interval=",
+        "weight_sync.py overrides: VLLMClient.__init__ calls it with connection_timeout (vllm_server_timeout); "
+        "OR1VLLMClient says what it waits for and fails in one line, then calls TRL's (it reads the host)"),
     Use(VLLM_CLIENT, "session", ATTRIBUTE, None,
         "weight_sync.py shadows it with a property: the session VLLMClient.__init__ creates gets the API key"),
     Use(VLLM_CLIENT, "model", ATTRIBUTE, None,

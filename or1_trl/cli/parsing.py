@@ -5,8 +5,9 @@ errors), the one-line input errors, and the argument groups two commands use (`D
 Errors: a wrong input ends the command with exit status 2 and one line `or1-trl CMD: error: WHAT` under a short usage
 line (`ShortUsageErrors`: no 200-line option list; `allow_abbrev=False`: no `--max_step` taken for `--max_steps`);
 `input_errors(parser)` turns the `ValueError`s / `OSError`s of the input phase (an arguments dataclass's
-`__post_init__`, a `--config` file, a dataset, a model path) into that line. `OR1_DEBUG=1` (or `or1-trl --debug CMD`)
-shows the traceback instead.
+`__post_init__`, a `--config` file, a dataset, a model path) into that line; `failure_line(parser, errors)` ends a
+command with exit status 1 and the one line of a failure that the library words as one (a full disk while saving).
+`OR1_DEBUG=1` (or `or1-trl --debug CMD`) shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -62,6 +63,19 @@ def input_errors(parser: argparse.ArgumentParser, prefix: str = ""):
         if debug():
             raise
         parser.error(f"{prefix}{exc}" if str(exc) else f"{prefix}{type(exc).__name__}")
+
+
+@contextlib.contextmanager
+def failure_line(parser: argparse.ArgumentParser, *errors: type[BaseException]):
+    """Inside: one of `errors` — a failure after the input phase that the library already words as one line (e.g.
+    `checkpoint.DiskFullError`) — ends the command with exit status 1 and that line, `PROG: error: MESSAGE`, on
+    stderr (no usage line: the input was fine); with `OR1_DEBUG=1` it propagates with its traceback."""
+    try:
+        yield
+    except errors as exc:
+        if debug():
+            raise
+        parser.exit(1, f"{parser.prog}: error: {' '.join(str(exc).split())}\n")
 
 
 def config_file_problem(argv: list[str]) -> str | None:
