@@ -377,7 +377,8 @@ def test_a_pickled_config_holds_no_key_and_copies_keep_it(tmp_path):
 def test_the_command_line_python_holds_loses_a_secret_once_parsed(monkeypatch):
     from or1_trl.cli.parsing import hide_flag_value
 
-    monkeypatch.setattr(sys, "argv", ["or1-trl", "train", "--vllm_server_api_key", "k1", "--x", "--vllm_server_api_key=k2"])
+    monkeypatch.setattr(sys, "argv", ["or1-trl", "train", "--vllm_server_api_key", "k1", "--x",
+                                      "--vllm_server_api_key=k2"])
     monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "or1_trl.cli", "--vllm_server_api_key", "k1"])
     assert hide_flag_value("--vllm_server_api_key", "<KEY>") == 3
     assert sys.argv == ["or1-trl", "train", "--vllm_server_api_key", "<KEY>", "--x", "--vllm_server_api_key=<KEY>"]
