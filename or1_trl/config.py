@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import warnings
@@ -29,6 +30,8 @@ ENTROPY_ESTIMATORS = ("full", "sampled")
 TOP_ENTROPY_NORMALIZATIONS = ("all", "selected")
 VLLM_WEIGHT_SYNC = WEIGHT_SYNC_BACKENDS
 NONFINITE_REWARD_MODES = ("error", "zero")
+#: What `to_dict`, `str` and `or1-trl train`'s `sys.argv` show in place of `vllm_server_api_key`.
+API_KEY_PLACEHOLDER = "<VLLM_SERVER_API_KEY>"
 # New OR1Config fields, and the value that behaves as TRL's GRPOTrainer does.
 _TRL_BEHAVIOUR = {
     "rejection_sampling": "off",
@@ -141,10 +144,11 @@ class OR1Config(GRPOConfig):
         vllm_sync_dir (`str` or `None`, *optional*, defaults to `None`):
             Directory both the trainer and the server can read, for `vllm_weight_sync="disk"` (a shared filesystem
             when they run on different nodes). It holds one copy of the weights, replaced at each sync. `None`
-            (stays `None` here; the trainer picks, and logs, the directory when it connects): on tmpfs,
-            `/dev/shm/or1-trl-vllm-sync-<hash of output_dir>` (memory speed; removed when training ends), when
-            `/dev/shm` has room for two copies and the server reads it (same machine); else
-            `<output_dir>/_vllm_sync` (transformers' `push_to_hub` skips `_*`).
+            (stays `None` here; the trainer picks, and logs, the directory when it connects): on tmpfs, a new
+            `/dev/shm/or1-trl-vllm-sync-<random>` only this user can enter (mode 0700, files 0600; memory speed;
+            removed when training ends), when `/dev/shm` has room for two copies and the server reads it (same
+            machine, same user); else `<output_dir>/_vllm_sync` (transformers' `push_to_hub` skips `_*`), with a
+            warning if making the private directory failed.
         vllm_sync_peft (`str`, *optional*, defaults to `"auto"`):
             With a PEFT (LoRA) policy and `vllm_weight_sync="disk"`: `"adapter"` pushes only the adapter each step,
             which the server loads as a LoRA adapter under a new name (`or1-trl serve --enable-lora`; the base
@@ -154,8 +158,10 @@ class OR1Config(GRPOConfig):
         vllm_server_api_key (`str` or `None`, *optional*, defaults to `None`):
             Key of a vLLM server started with one (`or1-trl serve`, `$OR1_VLLM_API_KEY`), sent as `Authorization:
             Bearer` with every request to it, with either weight sync. `None`: `$OR1_VLLM_API_KEY`, else
-            `$VLLM_API_KEY`, else no key. Prefer the variable: a key set here is saved in `training_args.bin`
-            (never printed: `str`, `repr` and `to_dict` show a placeholder).
+            `$VLLM_API_KEY`, else no key. Never written by the trainer: a pickled config (`training_args.bin`) holds
+            `None` in its place, and `str`, `repr`, `to_dict` (W&B, TensorBoard, model cards) show a placeholder;
+            `or1-trl train --vllm_server_api_key K` removes K from `sys.argv` (which W&B records) once parsed. So a
+            resume needs it again (the flag or the variable). Prefer the variable: a command line is visible in `ps`.
         logprob_backend (`str`, *optional*, defaults to `"auto"`):
             What computes the per-token log-probs and entropies of every pass (policy, old policy, reference), without
             `[B, T, V]` logits (`or1_trl/logprobs.py`): `"trl"` (TRL's fused LM head), `"liger"` (Liger-Kernel's
@@ -344,8 +350,8 @@ class OR1Config(GRPOConfig):
         default=None,
         metadata={
             "help": "Directory the trainer writes weights to and the server reads them from (vllm_weight_sync='disk'; "
-            "shared storage across nodes). Default: /dev/shm/or1-trl-vllm-sync-<hash> when tmpfs has room and the "
-            "server reads it, else <output_dir>/_vllm_sync (push_to_hub skips it); the trainer logs which."
+            "shared storage across nodes). Default: a private /dev/shm/or1-trl-vllm-sync-<random> when tmpfs has room "
+            "and the server reads it, else <output_dir>/_vllm_sync (push_to_hub skips it); the trainer logs which."
         },
     )
     vllm_sync_peft: str = choice_field("auto", SYNC_PEFT_MODES, help=(
@@ -356,7 +362,8 @@ class OR1Config(GRPOConfig):
         repr=False,
         metadata={
             "help": "Key of the vLLM server (`or1-trl serve` with $OR1_VLLM_API_KEY), sent with every request. "
-            "Default: $OR1_VLLM_API_KEY, else $VLLM_API_KEY. Prefer the variable (a command line is visible in ps)."
+            "Default: $OR1_VLLM_API_KEY, else $VLLM_API_KEY. Never saved (a resume needs it again). Prefer the "
+            "variable (a command line is visible in ps)."
         },
     )
     logprob_backend: str = choice_field("auto", LOGPROB_BACKENDS, help=(
@@ -419,15 +426,31 @@ class OR1Config(GRPOConfig):
         """TRL's, with `vllm_server_api_key` as a placeholder (this dict goes to W&B, TensorBoard, model cards)."""
         d = super().to_dict()
         if d.get("vllm_server_api_key"):
-            d["vllm_server_api_key"] = "<VLLM_SERVER_API_KEY>"
+            d["vllm_server_api_key"] = API_KEY_PLACEHOLDER
         return d
 
     def __str__(self):
         text = super().__str__()
         if not self.vllm_server_api_key:
             return text
-        placeholder = "vllm_server_api_key=<VLLM_SERVER_API_KEY>,"
+        placeholder = f"vllm_server_api_key={API_KEY_PLACEHOLDER},"
         return text.replace(f"vllm_server_api_key={self.vllm_server_api_key},", placeholder)
+
+    def __getstate__(self):
+        """What pickling saves (`Trainer` writes `torch.save(args)` as `training_args.bin` in every checkpoint and
+        the output directory, which `push_to_hub` uploads): everything but the API key (`None` in its place)."""
+        return {**self.__dict__, "vllm_server_api_key": None}
+
+    def __copy__(self):  # a copy in this process keeps the key (`copy` would go through `__getstate__`)
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        return clone
+
+    def __deepcopy__(self, memo):
+        clone = object.__new__(type(self))
+        memo[id(self)] = clone
+        clone.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return clone
 
     def _apply_stages(self):
         """Parse `stages` (a YAML/JSON string on the command line) and size the run: `max_steps` unset (-1) means

@@ -8,8 +8,8 @@ sides can read:
    gathers ZeRO-3/FSDP shards and merges PEFT adapters, so the server gets merged full weights under vLLM's names);
 2. the main process streams them as safetensors shards (`write_safetensors`: each tensor's bytes go into the open
    file as the iterator yields it, the header last), cast to the server's dtype (`vllm_sync_dtype`), into a fresh
-   directory under `vllm_sync_dir` (default: tmpfs when it has room and the server reads it, `use_default_dir`),
-   renamed into place only once complete;
+   directory under `vllm_sync_dir` (default: a private directory on tmpfs, files 0600, when it has room and the
+   server reads it, `use_default_dir`), renamed into place only once complete;
 3. it asks the server to reload them (`POST /collective_rpc`, method `or1_reload_weights` of our worker extension,
    `or1_trl/vllm_ext/or1_vllm_worker.py`: vLLM's `reload_weights`, then a re-pack of a tied `lm_head` on CPU) and
    to reset its prefix cache (cached KV blocks were computed with the old weights);
@@ -37,12 +37,13 @@ on every rank together with a complete checkpoint.
 from __future__ import annotations
 
 import atexit
-import hashlib
 import json
 import math
 import os
 import secrets
 import shutil
+import stat
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -70,6 +71,11 @@ HEADER_BYTES = 2**18
 #: The phases of one push, in `DiskWeightSync.last_breakdown` and the trainer's `vllm/sync_seconds/<phase>`.
 SYNC_PHASES = ("gather", "write", "load", "cache_reset")
 TMPFS = "/dev/shm"
+#: Name prefix of the private tmpfs directory (`private_dir`): a random suffix follows, so no name can be planted.
+TMPFS_PREFIX = "or1-trl-vllm-sync-"
+#: Mode of the weight files in that directory (the server, which read the probe there, runs as this user); elsewhere
+#: (`vllm_sync_dir`, `<output_dir>/_vllm_sync`) files get 0o666 less the umask, as any saved model.
+PRIVATE_FILE_MODE = 0o600
 
 _SAFETENSORS_DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
@@ -91,9 +97,9 @@ def sync_torch_dtype(name: str | None) -> torch.dtype | None:
 class _Shard:
     """One `.safetensors` file written as tensors arrive: data first (after `HEADER_BYTES` of room), header last."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, mode: int = 0o666):
         self.path = path
-        self.file = open(path, "wb", buffering=0)  # each tensor goes straight to the file
+        self.file = create_file(path, mode, buffering=0)  # each tensor goes straight to the file
         self.file.seek(8 + HEADER_BYTES)
         self.header = {"__metadata__": {"format": "pt"}}
         self.header_size = len(json.dumps(self.header))
@@ -125,12 +131,52 @@ class _Shard:
         self.file.close()
 
 
+def create_file(path: str, mode: int = 0o666, text: bool = False, **kwargs):
+    """`open(path, "wb")` (`text`: `"w"`) for a file that must not exist yet (`O_EXCL`: a file or a symlink planted
+    at `path` is an error, never written through), created with `mode` (less the umask)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode)
+    return open(fd, "w" if text else "wb", **kwargs)
+
+
+def remove_path(path: str) -> None:
+    """Remove whatever is at `path`: a directory tree, a file, or a symlink itself (never what it points to)."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def private_dir(parent: str = TMPFS, prefix: str = TMPFS_PREFIX) -> str:
+    """A new directory in `parent` that only this user can enter, for the weights on shared tmpfs.
+
+    Its name is unpredictable and it is created exclusively (`tempfile.mkdtemp`: a random suffix, `mkdir` that fails
+    on anything already there, mode 0700), so nothing another user plants at a name they can compute — a symlink to
+    their directory, a file — is ever used. `parent` must be a directory owned by root or this user, and sticky
+    wherever others may write to it (as `/dev/shm` and `/tmp` are), so that no one else can rename the directory
+    away and put a link in its place. `OSError` saying what is wrong otherwise."""
+    real = os.path.realpath(parent)
+    info = os.stat(real)
+    if not stat.S_ISDIR(info.st_mode):
+        raise NotADirectoryError(f"{parent} is not a directory")
+    if info.st_uid not in (0, os.getuid()):
+        raise PermissionError(f"{parent} belongs to uid {info.st_uid}, neither root nor this user")
+    if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+        raise PermissionError(f"{parent} is writable by others and not sticky: they could replace what is in it")
+    path = tempfile.mkdtemp(prefix=prefix, dir=real)
+    made = os.lstat(path)
+    if not stat.S_ISDIR(made.st_mode) or made.st_uid != os.getuid():  # nothing but mkdir's own directory passes
+        raise PermissionError(f"{path} is not the directory this process created")
+    os.chmod(path, 0o700)  # mkdtemp's mode less the umask: exactly 0700
+    return path
+
+
 def write_safetensors(
     named_tensors: Iterable[tuple[str, torch.Tensor]], directory: str, shard_bytes: int = SHARD_BYTES,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | None = None, mode: int = 0o666,
 ) -> tuple[int, int]:
     """Write `(name, tensor)` pairs as `model-NNNNN.safetensors` shards into `directory` (created), cast to `dtype`
-    (floating-point tensors only; `None`: as they are).
+    (floating-point tensors only; `None`: as they are). Each file is new (`create_file`: one already there is an
+    error) and gets `mode` less the umask.
 
     Streaming: each tensor's bytes go into the open shard as soon as the iterator yields it (a CPU tensor already in
     `dtype` is written from its own memory; others are copied to CPU one at a time), so at most one tensor is held
@@ -152,7 +198,7 @@ def write_safetensors(
                 shard = None
             if shard is None:
                 index += 1
-                shard = _Shard(os.path.join(directory, f"model-{index:05d}.safetensors"))
+                shard = _Shard(os.path.join(directory, f"model-{index:05d}.safetensors"), mode)
                 if not shard.fits(name, tensor):
                     raise ValueError(f"tensor name too long for a safetensors header: {name[:100]!r}...")
             total += shard.add(name, tensor)
@@ -205,6 +251,8 @@ class DiskWeightSync:
             `last_seconds`.
         last_bytes (`int`): bytes written by the last push (the adapter alone for `push_adapter`).
         adapter_name (`str` or `None`): the LoRA adapter the server generates with (adapter-only sync), else `None`.
+        file_mode (`int`): mode of the files written (less the umask): 0o666, as any saved model (a server of
+            another user may read `sync_dir`), or 0o600 in `use_default_dir`'s private tmpfs directory.
     """
 
     def __init__(self, base_url: str, sync_dir: str, session=None, api_key: str | None = None,
@@ -224,6 +272,7 @@ class DiskWeightSync:
         self.last_bytes = 0
         self.last_breakdown = dict.fromkeys(SYNC_PHASES, 0.0)
         self.adapter_name: str | None = None
+        self.file_mode = 0o666  # less the umask; `use_default_dir`'s private tmpfs directory: 0o600
         self._base_dir: str | None = None  # adapter-only sync: the base weights pushed once (resyncs reload them)
         self._timings: dict[str, float] = {}
 
@@ -287,35 +336,37 @@ class DiskWeightSync:
             if os.path.exists(probe):
                 os.remove(probe)
 
-    def use_default_dir(self, fallback: str, needed_bytes: int) -> str:
-        """Without a configured `vllm_sync_dir`: a directory on tmpfs (`/dev/shm`: the write and the server's load
-        run at memory speed) when it exists, has room for two versions of `needed_bytes` (the new one is written
+    def use_default_dir(self, fallback: str, needed_bytes: int, tmpfs: str = TMPFS) -> str:
+        """Without a configured `vllm_sync_dir`: a private directory on tmpfs (`/dev/shm`: the write and the server's
+        load run at memory speed) when it exists, has room for two versions of `needed_bytes` (the new one is written
         before the old one goes) and the server reads it; else `fallback` (`<output_dir>/_vllm_sync`). Sets
-        `sync_dir`; returns one line saying which and why. The tmpfs directory (named after `fallback`, so one per
-        run) is removed when this process exits."""
-        reason = None
-        if not os.path.isdir(TMPFS):
-            reason = f"no {TMPFS}"
-        else:
-            free = shutil.disk_usage(TMPFS).free
-            if free < 2 * needed_bytes + 2**28:
-                reason = (f"{TMPFS} has {free / 2**30:.1f} GiB free, two versions of the weights need "
+        `sync_dir` and `file_mode`; returns one line saying which and why.
+
+        The tmpfs directory is `private_dir`'s: a new one per run under an unpredictable name, mode 0700, removed
+        when this process exits; its weight files are written 0600 (`PRIVATE_FILE_MODE`): a server that reads the
+        probe in it runs as this user (or root). Any error making or checking it (a `tmpfs` others could tamper
+        with, no permission, ...) falls back, with one warning."""
+        reason = tmpfs_dir = None
+        try:
+            if not os.path.isdir(tmpfs):
+                reason = f"no {tmpfs}"
+            elif (free := shutil.disk_usage(tmpfs).free) < 2 * needed_bytes + 2**28:
+                reason = (f"{tmpfs} has {free / 2**30:.1f} GiB free, two versions of the weights need "
                           f"{2 * needed_bytes / 2**30:.1f} GiB")
-        if reason is None:
-            name = "or1-trl-vllm-sync-" + hashlib.sha1(os.path.abspath(fallback).encode()).hexdigest()[:12]
-            tmpfs_dir = os.path.join(TMPFS, name)
-            os.makedirs(tmpfs_dir, mode=0o700, exist_ok=True)
-            owner = os.stat(tmpfs_dir)
-            if owner.st_uid != os.getuid() or owner.st_mode & 0o022:  # /dev/shm is shared: only we may write there
-                reason = f"{tmpfs_dir} exists and is not this user's alone"
-            elif self.can_read(tmpfs_dir):
-                self.sync_dir = tmpfs_dir
-                atexit.register(shutil.rmtree, tmpfs_dir, ignore_errors=True)
-                return (f"vllm_sync_dir: {tmpfs_dir} (tmpfs, {needed_bytes / 2**20:.0f} MiB per version; removed "
-                        "when the trainer exits). Set vllm_sync_dir to choose another.")
             else:
-                shutil.rmtree(tmpfs_dir, ignore_errors=True)
-                reason = f"the server does not see this machine's {TMPFS} (another node)"
+                tmpfs_dir = private_dir(tmpfs)
+        except OSError as error:
+            reason = f"no private directory on {tmpfs}: {error}"
+            logger.warning(f"vLLM disk weight sync: {reason}; writing the weights to {os.path.abspath(fallback)} "
+                           "instead (set vllm_sync_dir to choose another).")
+        if tmpfs_dir is not None:
+            if self.can_read(tmpfs_dir):
+                self.sync_dir, self.file_mode = tmpfs_dir, PRIVATE_FILE_MODE
+                atexit.register(shutil.rmtree, tmpfs_dir, ignore_errors=True)
+                return (f"vllm_sync_dir: {tmpfs_dir} (tmpfs, private to this user, {needed_bytes / 2**20:.0f} MiB "
+                        "per version; removed when the trainer exits). Set vllm_sync_dir to choose another.")
+            shutil.rmtree(tmpfs_dir, ignore_errors=True)
+            reason = f"the server does not see this machine's {tmpfs} (another node, or another user)"
         self.sync_dir = os.path.abspath(fallback)
         return f"vllm_sync_dir: {self.sync_dir} ({reason}). Set vllm_sync_dir to choose another."
 
@@ -341,9 +392,11 @@ class DiskWeightSync:
         directories). Returns (seconds spent producing the tensors, bytes)."""
         timed = _Timed(named_tensors)
         partial_dir = final + ".partial"
-        shutil.rmtree(partial_dir, ignore_errors=True)
-        _, written = write_safetensors(timed, partial_dir, dtype=self.dtype)
-        shutil.rmtree(final, ignore_errors=True)
+        remove_path(partial_dir)  # a leftover of an interrupted push, or whatever else is there (a link: itself)
+        os.makedirs(self.sync_dir, exist_ok=True)
+        os.mkdir(partial_dir, 0o700 if self.file_mode == PRIVATE_FILE_MODE else 0o777)  # a new one, or an error
+        _, written = write_safetensors(timed, partial_dir, dtype=self.dtype, mode=self.file_mode)
+        remove_path(final)
         os.replace(partial_dir, final)
         return timed.seconds, written
 
@@ -381,7 +434,7 @@ class DiskWeightSync:
         if len(shards) != 1:
             raise RuntimeError(f"the adapter took {len(shards)} safetensors files; vLLM reads one")
         os.replace(os.path.join(final, shards[0]), os.path.join(final, "adapter_model.safetensors"))
-        with open(os.path.join(final, "adapter_config.json"), "w") as f:
+        with create_file(os.path.join(final, "adapter_config.json"), self.file_mode, text=True) as f:
             json.dump(adapter_config, f, default=lambda value: sorted(value) if isinstance(value, set) else str(value))
         previous = self.adapter_name
         self.version += 1
@@ -519,7 +572,7 @@ class OR1VLLMGeneration(VLLMGeneration):
         default_sync_dir: the fallback (`<output_dir>/_vllm_sync`).
         sync_dtype: what `"disk"` writes the weights in (`SYNC_DTYPES`; `OR1Config.vllm_sync_dtype`).
         sync_peft: with a PEFT policy and `"disk"`: `SYNC_PEFT_MODES` (`OR1Config.vllm_sync_peft`).
-        api_key: the server's key (`None`: the environment's, if any; `generation_backend` resolves it).
+        api_key: the server's key (`None`: the environment's, if any, which the client resolves: `OR1VLLMClient`).
         *args, **kwargs: `VLLMGeneration`'s.
 
     Attributes:
@@ -727,6 +780,6 @@ def generation_backend(args):
         default_sync_dir=os.path.abspath(os.path.join(args.output_dir, "_vllm_sync")),
         sync_dtype=args.vllm_sync_dtype,
         sync_peft=args.vllm_sync_peft,
-        api_key=resolve_api_key(args.vllm_server_api_key),
+        api_key=args.vllm_server_api_key,  # resolved once, by the client (`OR1VLLMClient`: else the environment's)
     )
     return _swapped(grpo_trainer, "VLLMGeneration", backend)

@@ -2,8 +2,11 @@
 dtype, the tmpfs default directory, the per-phase breakdown and its metrics, and LoRA adapters pushed alone to a
 real vLLM CPU server started with `--enable-lora` (their log-probs equal the merged model's)."""
 
+import hashlib
 import json
+import logging
 import os
+import stat
 import subprocess
 import sys
 
@@ -14,7 +17,7 @@ from safetensors import safe_open
 
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
-from or1_trl.weight_sync import HEADER_BYTES, SYNC_PHASES, DiskWeightSync, write_safetensors
+from or1_trl.weight_sync import HEADER_BYTES, SYNC_PHASES, DiskWeightSync, private_dir, write_safetensors
 
 from .conftest import _start_server
 from .test_trainer import ScriptedReward, logged, tagged_dataset
@@ -85,10 +88,19 @@ def test_push_in_the_server_dtype_with_a_breakdown_on_tmpfs(vllm_server, tmp_pat
     sync = DiskWeightSync(vllm_server.url, str(tmp_path / "unused"), api_key=vllm_server.api_key, dtype="server")
     sync.check_server()
     assert sync.server_info["dtype"] == "float32" and sync.server_info["max_lora_rank"] == 0
+    # Another user planted a link at the name the directory used to have (sha1 of the output dir): not followed.
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    planted = os.path.join("/dev/shm", predictable_name(tmp_path / "_vllm_sync"))
+    os.symlink(victim, planted)
     line = sync.use_default_dir(str(tmp_path / "_vllm_sync"), needed_bytes=4 * params)
     assert sync.sync_dir.startswith("/dev/shm/or1-trl-vllm-sync-") and "tmpfs" in line, line
     try:
+        assert sync.sync_dir != planted and stat.S_IMODE(os.lstat(sync.sync_dir).st_mode) == 0o700
         sync.push(model.named_parameters())
+        files = [os.path.join(root, name) for root, _, names in os.walk(sync.sync_dir) for name in names]
+        assert files and {stat.S_IMODE(os.stat(f).st_mode) for f in files} == {0o600}  # the server read them
+        assert os.listdir(victim) == []
         assert sync.last_bytes == 4 * params and sync.dtype == torch.float32
         assert set(sync.last_breakdown) == set(SYNC_PHASES) and min(sync.last_breakdown.values()) >= 0
         assert abs(sum(sync.last_breakdown.values()) - sync.last_seconds) < 1e-6
@@ -108,6 +120,7 @@ def test_push_in_the_server_dtype_with_a_breakdown_on_tmpfs(vllm_server, tmp_pat
         import shutil
 
         shutil.rmtree(sync.sync_dir, ignore_errors=True)
+        os.unlink(planted)
 
 
 def test_default_dir_falls_back_when_tmpfs_has_no_room(vllm_server, tmp_path):
@@ -117,6 +130,21 @@ def test_default_dir_falls_back_when_tmpfs_has_no_room(vllm_server, tmp_path):
     # the probe: a file written here is read back by the server (a server on another node reads nothing)
     assert sync.can_read(str(tmp_path / "probe")) and os.listdir(tmp_path / "probe") == []
     assert sync.info(str(tmp_path / "absent"))["probe"] is None
+    # A sync dir others can write to (a vllm_sync_dir of the user's choosing): what is planted at the names a push
+    # writes, links to their directories, is removed, never written through. Files get the umask's modes there.
+    victims = [tmp_path / "victim-partial", tmp_path / "victim-final"]
+    for victim, name in zip(victims, ["weights-000001.partial", "weights-000001"]):
+        victim.mkdir()
+        (tmp_path / "_vllm_sync").mkdir(exist_ok=True)
+        (tmp_path / "_vllm_sync" / name).symlink_to(victim)
+    sync.check_server()
+    sync.push(tiny_model_and_tokenizer(seed=0, tie_word_embeddings=True)[0].named_parameters())
+    assert [os.listdir(victim) for victim in victims] == [[], []]
+    pushed = tmp_path / "_vllm_sync" / "weights-000001"
+    assert os.listdir(tmp_path / "_vllm_sync") == [pushed.name] and not pushed.is_symlink()
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert {stat.S_IMODE(p.stat().st_mode) for p in pushed.iterdir()} == {0o666 & ~umask}
 
 
 def server_logprobs(server, token_ids, model=None):
@@ -131,9 +159,15 @@ def server_logprobs(server, token_ids, model=None):
 
 
 def test_trainer_logs_the_sync_breakdown_and_defaults_to_tmpfs(vllm_server, tmp_path):
-    trainer = tied_trainer(vllm_server, tmp_path, max_steps=2)
+    planted = os.path.join("/dev/shm", predictable_name(tmp_path / "_vllm_sync"))
+    with open(planted, "w") as f:  # a plain file at the name the directory used to have crashed the trainer
+        f.write("planted")
+    try:
+        trainer = tied_trainer(vllm_server, tmp_path, max_steps=2)
+    finally:
+        os.unlink(planted)
     sync = trainer.vllm_generation.disk_sync
-    assert trainer.args.vllm_sync_dir is None and sync.sync_dir.startswith("/dev/shm/")
+    assert trainer.args.vllm_sync_dir is None and sync.sync_dir.startswith("/dev/shm/") and sync.sync_dir != planted
     trainer.train()
     diffs = logged(trainer, DIFF)
     assert len(diffs) == 2 and max(diffs) < TOL, diffs
@@ -279,3 +313,102 @@ def test_adapter_sync_required_from_a_server_without_lora_says_how_to_start_one(
         OR1Trainer(model, ScriptedReward(), args=server_args(vllm_server, tmp_path, vllm_sync_peft="adapter"),
                    train_dataset=tagged_dataset(["MIX"] * 16), processing_class=tokenizer,
                    peft_config=LoraConfig(r=LORA_RANK, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+
+
+# --- The tmpfs sync directory cannot be hijacked (issue 32, point 4) ------------------------------------------
+OTHER_UID = 4242  # a user that is not us (the tests run as root or as a user: chown needs root)
+
+
+def predictable_name(fallback) -> str:
+    """The name the sync directory had before issue 32: computable by any local user from the output directory."""
+    return "or1-trl-vllm-sync-" + hashlib.sha1(os.path.abspath(str(fallback)).encode()).hexdigest()[:12]
+
+
+def shared_tmpfs(path):
+    """A directory like /dev/shm: world-writable and sticky (others may add entries, only their owner removes them)."""
+    path.mkdir()
+    os.chmod(path, 0o1777)
+    return path
+
+
+def needs_root():
+    if os.getuid() != 0:
+        pytest.skip("chown to another uid needs root")
+
+
+def test_private_dir_is_new_0700_and_ignores_whatever_is_planted(tmp_path):
+    """Another user plants, at every name they can compute, a symlink to their directory, a plain file, a directory
+    of theirs: each call makes a new directory of its own (unpredictable name, created exclusively), mode 0700 even
+    under a permissive umask, and writes nothing through what was planted."""
+    needs_root()
+    shm, victim = shared_tmpfs(tmp_path / "shm"), tmp_path / "victim"
+    victim.mkdir()
+    fallback = tmp_path / "out" / "_vllm_sync"
+    (shm / predictable_name(fallback)).symlink_to(victim)
+    (shm / "or1-trl-vllm-sync-").write_text("planted")
+    (shm / "or1-trl-vllm-sync-theirs").mkdir()
+    os.chown(shm / "or1-trl-vllm-sync-theirs", OTHER_UID, OTHER_UID)
+    planted = sorted(os.listdir(shm))
+    old_umask = os.umask(0)
+    try:
+        made = {private_dir(str(shm)) for _ in range(3)}
+    finally:
+        os.umask(old_umask)
+    assert len(made) == 3 and not made & {str(shm / name) for name in planted}
+    for path in made:
+        info = os.lstat(path)
+        assert stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
+        assert os.path.basename(path).startswith("or1-trl-vllm-sync-") and os.path.dirname(path) == str(shm)
+    assert os.listdir(victim) == [] and (shm / "or1-trl-vllm-sync-").read_text() == "planted"
+
+
+def test_private_dir_refuses_a_parent_others_could_tamper_with(tmp_path):
+    """Where another user could rename the new directory away and put a link in its place: a parent they own, or
+    one anyone may write to without the sticky bit. A link to a proper parent (as /dev/shm -> /run/shm) is fine."""
+    needs_root()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    with pytest.raises(PermissionError, match=f"belongs to uid {OTHER_UID}"):
+        private_dir(str(theirs))
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    with pytest.raises(PermissionError, match="writable by others and not sticky"):
+        private_dir(str(open_dir))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NotADirectoryError):
+        private_dir(str(tmp_path / "file"))
+    assert os.listdir(theirs) == os.listdir(open_dir) == []
+    (tmp_path / "link").symlink_to(shared_tmpfs(tmp_path / "shm"))
+    assert os.path.dirname(private_dir(str(tmp_path / "link"))) == str(tmp_path / "shm")
+
+
+def test_default_dir_falls_back_to_the_output_dir_with_one_warning_on_any_error(tmp_path, caplog):
+    """No private directory can be made on this tmpfs: the weights go to `<output_dir>/_vllm_sync` (written with the
+    umask's modes, as any saved model), with one warning saying why; nothing is created on the tmpfs."""
+    needs_root()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    fallback = tmp_path / "out" / "_vllm_sync"
+    sync = DiskWeightSync("http://127.0.0.1:9", str(tmp_path / "unused"))  # the server is never asked
+    with caplog.at_level(logging.WARNING, logger="or1_trl.weight_sync"):
+        line = sync.use_default_dir(str(fallback), needed_bytes=1, tmpfs=str(theirs))
+    warnings = [r.getMessage() for r in caplog.records if r.name == "or1_trl.weight_sync"]
+    assert len(warnings) == 1 and f"belongs to uid {OTHER_UID}" in warnings[0] and str(fallback) in warnings[0]
+    assert sync.sync_dir == str(fallback) and sync.file_mode == 0o666 and str(fallback) in line
+    assert os.listdir(theirs) == []
+
+
+def test_files_are_created_new_with_the_asked_mode(tmp_path):
+    """The writer creates every file exclusively: a file or a symlink already at a shard's name is an error, never
+    written through; `mode` sets the files' permissions (0600 in the private tmpfs directory)."""
+    tensors = [("a", torch.ones(3)), ("b", torch.zeros(2))]
+    write_safetensors(tensors, str(tmp_path / "private"), mode=0o600)
+    assert [stat.S_IMODE(os.stat(p).st_mode) for p in (tmp_path / "private").iterdir()] == [0o600]
+    (tmp_path / "planted").mkdir()
+    (tmp_path / "planted" / "model-00001.safetensors").symlink_to(tmp_path / "victim.safetensors")
+    with pytest.raises(FileExistsError):
+        write_safetensors(tensors, str(tmp_path / "planted"))
+    assert not (tmp_path / "victim.safetensors").exists()

@@ -8,6 +8,7 @@ client here sends it (the trainer from `OR1Config.vllm_server_api_key` or `$OR1_
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -352,3 +353,74 @@ def test_the_config_never_shows_the_key(tmp_path):
     for shown in (str(args), repr(args), json.dumps(args.to_dict()), args.to_json_string()):
         assert "s3cret-k3y" not in shown
     assert args.to_dict()["vllm_server_api_key"] == "<VLLM_SERVER_API_KEY>"
+
+
+def test_a_pickled_config_holds_no_key_and_copies_keep_it(tmp_path):
+    """`Trainer` pickles its args into every `training_args.bin` (`torch.save`), which `push_to_hub` uploads: the key
+    is not in those bytes, and the unpickled config has `None` (a resume takes the key from the flag or the
+    environment again). A copy made in this process keeps the key the run needs."""
+    import copy
+    import pickle
+
+    args = OR1Config(**tiny_training_args(tmp_path, vllm_server_api_key="s3cret-k3y"))
+    for saved in (pickle.dumps(args), pickle.dumps(args, protocol=2)):
+        assert b"s3cret-k3y" not in saved
+        back = pickle.loads(saved)
+        assert back.vllm_server_api_key is None and back.output_dir == args.output_dir
+    torch.save(args, tmp_path / "training_args.bin")
+    assert b"s3cret-k3y" not in (tmp_path / "training_args.bin").read_bytes()
+    assert torch.load(tmp_path / "training_args.bin", weights_only=False).vllm_server_api_key is None
+    assert copy.copy(args).vllm_server_api_key == copy.deepcopy(args).vllm_server_api_key == "s3cret-k3y"
+    assert args.vllm_server_api_key == "s3cret-k3y"
+
+
+def test_the_command_line_python_holds_loses_a_secret_once_parsed(monkeypatch):
+    from or1_trl.cli.parsing import hide_flag_value
+
+    monkeypatch.setattr(sys, "argv", ["or1-trl", "train", "--vllm_server_api_key", "k1", "--x",
+                                      "--vllm_server_api_key=k2"])
+    monkeypatch.setattr(sys, "orig_argv", ["python", "-m", "or1_trl.cli", "--vllm_server_api_key", "k1"])
+    assert hide_flag_value("--vllm_server_api_key", "<KEY>") == 3
+    assert sys.argv == ["or1-trl", "train", "--vllm_server_api_key", "<KEY>", "--x", "--vllm_server_api_key=<KEY>"]
+    assert sys.orig_argv[-2:] == ["--vllm_server_api_key", "<KEY>"]
+    assert hide_flag_value("--vllm_server_api_key", "<KEY>") == 0
+
+
+def test_a_key_given_as_a_flag_is_never_written(vllm_server, tmp_path):
+    """Issue 32, point 5: `or1-trl train --vllm_server_api_key K --report_to wandb` (offline) against the keyed
+    server, with a checkpoint and the final save: K is in no byte under the output directory (the unpickled
+    `training_args.bin` included), in the offline W&B run folder (its config and recorded command line hold the
+    placeholder) or in what the command printed. The key reaches the trainer from the flag only."""
+    from or1_trl.config import API_KEY_PLACEHOLDER
+
+    from .test_cli import ENV, TINY
+
+    key = vllm_server.api_key
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(8)))
+    out, wandb_dir = tmp_path / "out", tmp_path / "wandb"
+    wandb_dir.mkdir()
+    env = {k: v for k, v in ENV.items() if k not in (API_KEY_ENV, "VLLM_API_KEY")}
+    env.update(WANDB_MODE="offline", WANDB_DIR=str(wandb_dir), OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [sys.executable, "-m", "or1_trl.cli", "train", "--config", TINY, "--model_name_or_path", vllm_server.model_path,
+         "--dataset_name", str(data), "--output_dir", str(out), "--use_vllm", "true", "--vllm_mode", "server",
+         "--vllm_server_base_url", vllm_server.url, "--vllm_weight_sync", "disk", "--vllm_server_api_key", key,
+         "--report_to", "wandb", "--max_steps", "1", "--save_strategy", "steps", "--save_steps", "1"],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert key not in result.stdout + result.stderr
+    for saved in ("training_args.bin", "checkpoint-1/training_args.bin", "checkpoint-1/trainer_state.json",
+                  "README.md"):
+        assert (out / saved).is_file(), saved
+    written = [p for folder in (out, wandb_dir) for p in folder.rglob("*") if p.is_file()]
+    assert [str(p) for p in written if key.encode() in p.read_bytes()] == []
+    args = torch.load(out / "training_args.bin", weights_only=False)
+    assert args.vllm_server_api_key is None and key not in repr(vars(args))
+    # W&B did record the command line and the config (protobuf records in the run's .wandb file), the placeholder
+    # where the key was
+    (run,) = wandb_dir.rglob("offline-run-*/*.wandb")
+    records = run.read_bytes()
+    assert re.search(rb"--vllm_server_api_key.{1,2}" + re.escape(API_KEY_PLACEHOLDER.encode()), records, re.S)
+    assert records.count(API_KEY_PLACEHOLDER.encode()) >= 2

@@ -140,6 +140,21 @@ def parse_command(parser, argv: list[str] | None, vllm_args: bool = False):
     return (*parsed, cli_unknown) if vllm_args else tuple(parsed)
 
 
+def hide_flag_value(flag: str, placeholder: str) -> int:
+    """Replace, in place, the value given to `flag` (`FLAG VALUE` or `FLAG=VALUE`) in this process's command line as
+    Python holds it: `sys.argv` (which W&B records as the run's arguments) and `sys.orig_argv`. Call it once the
+    arguments are parsed: a secret given on the command line then lives in the parsed arguments only. Returns how
+    many values were replaced. (The operating system's copy, `/proc/PID/cmdline`, shown by `ps`, is not Python's.)"""
+    replaced = 0
+    for argv in (sys.argv, getattr(sys, "orig_argv", [])):
+        for i, arg in enumerate(argv):
+            if arg == flag and i + 1 < len(argv) and argv[i + 1] != placeholder:
+                argv[i + 1], replaced = placeholder, replaced + 1
+            elif arg.startswith(flag + "=") and arg != f"{flag}={placeholder}":
+                argv[i], replaced = f"{flag}={placeholder}", replaced + 1
+    return replaced
+
+
 def check_at_least_one(args, *names: str) -> None:
     """`ValueError` naming the first of `names` whose value (when set) is below 1."""
     for name in names:

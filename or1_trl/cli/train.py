@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ..data import REWARD_COLUMNS
 from ..run import TRL_REWARD_NAMES
-from .parsing import command_parser, failure_line, input_errors, parse_command
+from .parsing import command_parser, failure_line, hide_flag_value, input_errors, parse_command
 
 
 @dataclass
@@ -111,10 +111,13 @@ def train_parser(prog: str | None = "or1-trl train"):
 def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> None:
     """Train with the MAGIC recipe on `--dataset_name`, scored by the `--reward` verifier and/or `--reward_funcs`."""
     from ..checkpoint import DiskFullError
+    from ..config import API_KEY_PLACEHOLDER
     from ..run import build_trainer, train_and_save
 
     parser = train_parser(prog)
     script_args, training_args, model_args = parse_command(parser, argv)
+    # The server's key lives in `training_args` only: not in the command line W&B records (`OR1Config` never saves it).
+    hide_flag_value("--vllm_server_api_key", API_KEY_PLACEHOLDER)
     with input_errors(parser):  # the rewards, the model path, output_dir, the dataset: before the model trains
         trainer = build_trainer(script_args, training_args, model_args)
     with failure_line(parser, DiskFullError):  # a full disk while saving: its one line, exit 1
