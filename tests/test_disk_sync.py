@@ -14,6 +14,7 @@ from safetensors import safe_open
 
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
+from or1_trl.server_health import WeightsRefusedError
 from or1_trl.weight_sync import HEADER_BYTES, SYNC_PHASES, DiskWeightSync, write_safetensors
 
 from .conftest import _start_server
@@ -116,7 +117,7 @@ def test_default_dir_falls_back_when_tmpfs_has_no_room(vllm_server, tmp_path):
     assert sync.sync_dir == str(tmp_path / "_vllm_sync") and "/dev/shm has" in line and "need" in line, line
     # the probe: a file written here is read back by the server (a server on another node reads nothing)
     assert sync.can_read(str(tmp_path / "probe")) and os.listdir(tmp_path / "probe") == []
-    assert sync.info(str(tmp_path / "absent"))["probe"] is None
+    assert sync.info(str(tmp_path / "absent"), "0" * 32)["probe"] is False
 
 
 def server_logprobs(server, token_ids, model=None):
@@ -279,3 +280,93 @@ def test_adapter_sync_required_from_a_server_without_lora_says_how_to_start_one(
         OR1Trainer(model, ScriptedReward(), args=server_args(vllm_server, tmp_path, vllm_sync_peft="adapter"),
                    train_dataset=tagged_dataset(["MIX"] * 16), processing_class=tokenizer,
                    peft_config=LoraConfig(r=LORA_RANK, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+
+
+# --- what a caller of the server's worker RPCs can make it read (issue 32, point 3) -------------------------------
+
+
+@pytest.fixture
+def outside_dir():
+    """A directory under no sync root of the test servers (/dev/shm and pytest's base temp are theirs)."""
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(dir="/var/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_probe_confirms_only_the_trainers_own_file_and_never_returns_content(vllm_server, tmp_path, outside_dir):
+    """`or1_server_info(probe_path=...)` used to return the first 256 characters of any file (`/etc/shadow`). It
+    answers a boolean now: true only for a `.or1-probe-<32 hex>` regular file under a sync root holding the token."""
+    import secrets
+
+    sync = DiskWeightSync(vllm_server.url, str(tmp_path), api_key=vllm_server.api_key)
+    token = secrets.token_hex(16)
+    name = f".or1-probe-{secrets.token_hex(16)}"
+    (tmp_path / name).write_text(token)
+    (tmp_path / "secret.txt").write_text("hunter2-secret")
+    with open(os.path.join(outside_dir, name), "w") as f:
+        f.write(token)
+    link = tmp_path / f".or1-probe-{secrets.token_hex(16)}"
+    link.symlink_to(os.path.join(outside_dir, name))
+    up = os.path.relpath(outside_dir, tmp_path)  # ../../../var/tmp/...: out of the root by traversal
+    for path, sent in [("/etc/shadow", "root"), ("/etc/passwd", "root:x:0:0:root:/root:/bin/bash\n"),
+                       (str(tmp_path / "secret.txt"), "hunter2-secret"), (os.path.join(outside_dir, name), token),
+                       (str(tmp_path / up / name), token), (str(link), token), (str(tmp_path / name), token[::-1]),
+                       (str(tmp_path / name), None)]:
+        info = sync.info(path, sent)
+        assert info["probe"] is False, path
+        assert "root:" not in json.dumps(info) and "hunter2" not in json.dumps(info) and token not in json.dumps(info)
+    assert sync.info(str(tmp_path / name), token)["probe"] is True
+    assert sync.can_read(str(tmp_path / "probe")) and not sync.can_read(outside_dir)
+    assert str(vllm_server.sync_root) in sync.info()["sync_roots"]
+
+
+def test_a_folder_the_server_cannot_trust_is_refused_and_it_keeps_its_weights(vllm_server, tmp_path, outside_dir):
+    """A reload from a folder without complete weights used to leave vLLM's parameters on the meta device (`/health`
+    200, the next generation killed the engine). Every such folder is refused before the model is touched, a load
+    that fails in vLLM's loader is undone, and the server goes on generating with the weights it had; the trainer
+    asks twice, then stops (`WeightsRefusedError`, a `ServerDownError`: checkpoint and one line)."""
+    pushed, tokenizer = tiny_model_and_tokenizer(seed=6, tie_word_embeddings=True)
+    tokens = tokenizer("12 + 30 = 42")["input_ids"]
+    sync = DiskWeightSync(vllm_server.url, str(tmp_path / "sync"), api_key=vllm_server.api_key)
+    sync.check_server()
+    sync.push(pushed.named_parameters())
+    other = dict(tiny_model_and_tokenizer(seed=7, tie_word_embeddings=True)[0].named_parameters())
+    names = list(other)
+    write_safetensors(other.items(), outside_dir)
+    (tmp_path / "empty").mkdir()
+    write_safetensors([(n, other[n]) for n in names[: len(names) // 2]], str(tmp_path / "half"))
+    write_safetensors(other.items(), str(tmp_path / "cut"))
+    shard = tmp_path / "cut" / "model-00001.safetensors"
+    os.truncate(shard, shard.stat().st_size - 64)
+    write_safetensors(other.items(), str(tmp_path / "linked"))
+    os.remove(tmp_path / "linked" / "model-00001.safetensors")
+    os.symlink(os.path.join(outside_dir, "model-00001.safetensors"), tmp_path / "linked" / "model-00001.safetensors")
+    (tmp_path / "link").symlink_to(outside_dir)
+    # names and sizes right, one shape wrong: passes the folder check, fails in vLLM's loader, and is undone
+    write_safetensors([(n, t[:64] if n == "model.norm.weight" else t) for n, t in other.items()],
+                      str(tmp_path / "misshapen"))
+    refused = {
+        outside_dir: "outside the server's sync roots", "/etc": "outside the server's sync roots",
+        str(tmp_path / os.path.relpath(outside_dir, tmp_path)): "outside the server's sync roots",
+        str(tmp_path / "link"): "outside the server's sync roots", str(tmp_path / "linked"): "not a regular file",
+        str(tmp_path / "empty"): "no .safetensors file", str(tmp_path / "half"): f"lacks {len(names) - len(names) // 2} of",
+        str(tmp_path / "cut"): "cut short", str(tmp_path / "misshapen"): "the server keeps its previous weights",
+    }
+    for path, reason in refused.items():
+        result = sync._rpc("or1_reload_weights", weights_path=path, version=99)[0]
+        assert result["ok"] is False and reason in result["error"], (path, result)
+    assert sync.server_versions() == {1} and requests.get(f"{vllm_server.url}/health").status_code == 200
+    assert (server_logprobs(vllm_server, tokens) - model_logprobs(pushed, tokens)).abs().max().item() < TOL
+
+    with pytest.raises(WeightsRefusedError, match=r"weights-000002 \(2 tries; it keeps its previous ones\): .*lacks"):
+        sync.push([(n, other[n]) for n in names[:3]])
+    assert sync.server_versions() == {1}
+    assert (server_logprobs(vllm_server, tokens) - model_logprobs(pushed, tokens)).abs().max().item() < TOL
+
+
+def test_a_sync_dir_outside_the_servers_roots_stops_the_trainer_before_training(vllm_server, tmp_path, outside_dir):
+    with pytest.raises(ValueError, match=r"cannot load from it\. It loads only from under its sync roots .*--sync-root"):
+        tied_trainer(vllm_server, tmp_path, vllm_sync_dir=outside_dir)

@@ -177,6 +177,7 @@ class OR1WorkerExtension:
         except Exception as error:  # noqa: BLE001 - whatever the loader raised, the old weights come back
             reason = f"loading {weights_path} failed ({type(error).__name__}: {str(error)[:300]})"
             try:
+                _abort_layerwise_reload(self.model_runner.get_model())
                 self._or1_load(good_path)
             except Exception as again:  # noqa: BLE001
                 return {"ok": False, "error": f"{reason}, and reloading the previous weights failed too "
@@ -195,6 +196,24 @@ class OR1WorkerExtension:
         on_meta = [name for name, tensor in (*model.named_parameters(), *model.named_buffers()) if tensor.is_meta]
         if on_meta:
             raise RuntimeError(f"{len(on_meta)} tensors not loaded (e.g. {on_meta[0]!r})")
+
+
+def _abort_layerwise_reload(model) -> None:
+    """After vLLM's in-place reload raised midway: give every layer still waiting for its weights back its kernel
+    tensors (the storage holding the old weights, untouched until a layer is complete) and drop what it buffered —
+    what `finalize_layerwise_reload` does for a layer that received nothing — so that the next reload starts clean.
+    vLLM 0.32's reload internals (`model_executor/model_loader/reload/layerwise.py`); the server's tests pin them."""
+    from vllm.model_executor.model_loader.reload import layerwise
+
+    for layer in model.modules():
+        info = layerwise.get_layerwise_info(layer)
+        if info.can_load():
+            if info.kernel_tensors is not None:
+                layerwise._place_kernel_tensors(layer, info)
+            info.reset()
+    layerwise.LOADING_LAYERS.clear()
+    if hasattr(model, "_original_do_torchao_reload"):
+        model._do_torchao_reload = model._original_do_torchao_reload
 
 
 def _probe(path: str, token: str) -> bool:
