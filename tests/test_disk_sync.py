@@ -370,3 +370,38 @@ def test_a_folder_the_server_cannot_trust_is_refused_and_it_keeps_its_weights(vl
 def test_a_sync_dir_outside_the_servers_roots_stops_the_trainer_before_training(vllm_server, tmp_path, outside_dir):
     with pytest.raises(ValueError, match=r"cannot load from it\. It loads only from under its sync roots .*--sync-root"):
         tied_trainer(vllm_server, tmp_path, vllm_sync_dir=outside_dir)
+
+
+def test_a_push_the_server_refuses_stops_training_with_a_checkpoint_in_one_line(vllm_server, tmp_path):
+    """From step 2 on the trainer writes an incomplete folder (3 tensors): the server refuses it twice, keeps
+    generating with the weights of step 1's rollout, and training stops with a complete checkpoint-1 and one line."""
+    import itertools
+
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    from or1_trl import checkpoint
+    from or1_trl.server_health import ServerDownError
+
+    class CutsThePushesAfterStep1(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                write = sync._write
+                sync._write = lambda tensors, final: write(itertools.islice(tensors, 3), final)
+
+    trainer = tied_trainer(vllm_server, tmp_path, max_steps=3)
+    sync = trainer.vllm_generation.disk_sync
+    trainer.add_callback(CutsThePushesAfterStep1())
+    with pytest.raises(ServerDownError) as stopped:
+        trainer.train()
+    message = str(stopped.value)
+    assert "\n" not in message and f"The vLLM server at {vllm_server.url} did not load the weights in" in message
+    assert "(2 tries; it keeps its previous ones): refused" in message and "lacks" in message
+    assert "training stopped at step 1, checkpoint-1 is complete (nothing lost)" in message
+    folder = os.path.join(tmp_path, "checkpoint-1")
+    assert checkpoint.verify(folder, trainer._checkpoint_files()) == []
+    tokens = trainer.processing_class("MIX: 3+3=? A: 6")["input_ids"]
+    first = tiny_model_and_tokenizer(seed=0, tie_word_embeddings=True)[0]  # pushed for step 1's rollout
+    assert sync.server_versions() == {1}
+    assert (server_logprobs(vllm_server, tokens) - model_logprobs(first, tokens)).abs().max().item() < TOL
+    trained = AutoModelForCausalLM.from_pretrained(folder)  # step 1's update, refused as step 2's push
+    assert (model_logprobs(trained, tokens) - model_logprobs(first, tokens)).abs().max().item() > 100 * TOL
