@@ -67,6 +67,8 @@ SYNC_DTYPES = ("server", "model", "float32", "bfloat16", "float16")
 #: takes LoRA adapters at run time, merged weights otherwise), "adapter" (required), "merged" (TRL's: base + BA).
 SYNC_PEFT_MODES = ("auto", "adapter", "merged")
 AUTH_MIDDLEWARE = "or1_vllm_auth.APIKeyMiddleware"
+#: With `--enable-lora`: `/v1/load_lora_adapter` only from folders under the sync roots.
+LORA_GUARD_MIDDLEWARE = "or1_vllm_auth.LoRAPathGuard"
 #: The module the server runs (`vllm_ext/or1_vllm_serve.py`): vLLM's server, its resolved flags checked first.
 SERVER_MODULE = "or1_vllm_serve"
 #: vLLM flags `or1-trl serve` decides: a pass-through flag vLLM could read as one of them is refused.
@@ -235,11 +237,12 @@ def build_command(
         env[SYNC_ROOTS_ENV] = os.pathsep.join(resolve_sync_roots(sync_roots))
     env[EXPECT_ENV] = json.dumps({
         "host": host, "port": int(port), "uds": None, "api_key": None,
-        "middleware": [AUTH_MIDDLEWARE] if api_key else [],
+        "middleware": [AUTH_MIDDLEWARE] * bool(api_key) + [LORA_GUARD_MIDDLEWARE] * enable_lora,
         "worker_extension_cls": WORKER_EXTENSION_CLS if weight_sync == "disk" else None,
     })
     if enable_lora:  # adapters loaded at run time, one per push (`weight_sync.DiskWeightSync.push_adapter`)
         argv += ["--enable-lora"] + (["--max-lora-rank", str(max_lora_rank)] if max_lora_rank is not None else [])
+        argv += ["--middleware", LORA_GUARD_MIDDLEWARE]  # and only from under the sync roots
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     return argv + list(extra_args or []), env
 

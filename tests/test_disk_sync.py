@@ -193,7 +193,8 @@ def test_serve_enable_lora_sets_vllms_flags_and_runtime_updates(monkeypatch):
 
     monkeypatch.delenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", raising=False)
     argv, env = build_command("m", "disk", enable_lora=True, max_lora_rank=32)
-    assert argv[argv.index("--enable-lora"):][:3] == ["--enable-lora", "--max-lora-rank", "32"]
+    assert argv[argv.index("--enable-lora"):][:5] == ["--enable-lora", "--max-lora-rank", "32", "--middleware",
+                                                      "or1_vllm_auth.LoRAPathGuard"]  # adapters from the sync roots
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
     argv, env = build_command("m", "disk")
     assert "--enable-lora" not in argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
@@ -242,6 +243,29 @@ def test_adapter_loaded_by_the_server_scores_as_the_merged_model(vllm_lora_serve
     assert sorted(os.listdir(tmp_path)) == ["adapter-000002", "base"]
     with open(tmp_path / "adapter-000002" / "adapter_config.json") as f:
         assert json.load(f)["r"] == LORA_RANK
+
+
+def test_adapters_load_only_from_under_the_sync_roots(vllm_lora_server, tmp_path, outside_dir):
+    """vLLM's `/v1/load_lora_adapter` loads an adapter from any path it can read, or from the Hub: a server started
+    with `--enable-lora` answers 403 unless `lora_path` is a folder under its sync roots, without links in it."""
+    server = vllm_lora_server
+    peft, _ = lora_model(1)
+    peft.save_pretrained(outside_dir)
+    (tmp_path / "link").symlink_to(outside_dir)
+    (tmp_path / "linked").mkdir()
+    for name in os.listdir(outside_dir):
+        os.symlink(os.path.join(outside_dir, name), tmp_path / "linked" / name)
+    load = f"{server.url}/v1/load_lora_adapter"
+    for path in [outside_dir, str(tmp_path / "link"), str(tmp_path / "linked"), "someone/an-adapter",
+                 str(tmp_path / os.path.relpath(outside_dir, tmp_path)), "/etc"]:
+        response = requests.post(load, json={"lora_name": "theirs", "lora_path": path}, headers=server.headers)
+        assert response.status_code == 403 and "Forbidden" in response.text, (path, response.status_code, response.text)
+    peft.save_pretrained(tmp_path / "ours")
+    response = requests.post(load, json={"lora_name": "ours", "lora_path": str(tmp_path / "ours")}, headers=server.headers)
+    assert response.status_code == 200, response.text
+    models = [m["id"] for m in requests.get(f"{server.url}/v1/models", headers=server.headers).json()["data"]]
+    assert "ours" in models and "theirs" not in models
+    requests.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "ours"}, headers=server.headers)
 
 
 def test_peft_training_pushes_only_the_adapter(vllm_lora_server, tmp_path):

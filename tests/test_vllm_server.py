@@ -303,7 +303,8 @@ def test_a_server_with_another_extension_version_is_refused(vllm_server, tmp_pat
 
     DiskWeightSync(vllm_server.url, str(tmp_path)).check_server()
     monkeypatch.setattr(weight_sync, "WORKER_EXTENSION_VERSION", 2)
-    with pytest.raises(RuntimeError, match=r"version \[3\], this trainer needs 2.*or1-trl serve MODEL --weight-sync disk"):
+    expected = rf"version \[{WORKER_EXTENSION_VERSION}\], this trainer needs 2.*or1-trl serve MODEL --weight-sync disk"
+    with pytest.raises(RuntimeError, match=expected):
         DiskWeightSync(vllm_server.url, str(tmp_path)).check_server()
 
 
