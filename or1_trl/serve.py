@@ -208,6 +208,9 @@ def build_command(
                          "adapter-only sync is the disk sync's).")
     if max_lora_rank is not None and not enable_lora:
         raise ValueError("max_lora_rank (--max-lora-rank) needs enable_lora (--enable-lora).")
+    if sync_roots and weight_sync != "disk":
+        raise ValueError("sync_roots (--sync-root) are where the disk sync's server loads weights from: they need "
+                         "weight_sync='disk' (--weight-sync disk).")
     problem = passthrough_problem(list(extra_args or [])) or python_problem(python)
     if problem:
         raise ValueError(problem)
@@ -304,9 +307,9 @@ def serve(command: list[str], env: dict[str, str], weight_sync: str, host: str =
     try:
         wait_for_health(url, process)
     except (RuntimeError, TimeoutError) as error:
-        process.terminate()
-        if process.wait() == REFUSED:  # the server refused its flags, in one line of its own
+        if process.poll() == REFUSED:  # the server refused its flags, in one line of its own
             sys.exit(REFUSED)
+        process.terminate()
         sys.exit(f"or1-trl serve: {error} (its output is above).")
     except KeyboardInterrupt:
         process.terminate()

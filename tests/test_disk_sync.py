@@ -202,10 +202,12 @@ def test_serve_enable_lora_sets_vllms_flags_and_runtime_updates(monkeypatch):
         build_command("m", "nccl", enable_lora=True)
 
 
-def test_serve_refuses_lora_flags_without_the_disk_sync_in_one_line(tmp_path):
+def test_serve_refuses_lora_and_sync_root_flags_that_cannot_work_in_one_line(tmp_path):
     serve = [sys.executable, "-m", "or1_trl.cli", "serve", str(tmp_path), "--python", "/bin/false"]
     for flags, message in [(["--weight-sync", "nccl", "--enable-lora"], "need weight_sync='disk' (--weight-sync disk"),
-                           (["--weight-sync", "disk", "--max-lora-rank", "8"], "needs enable_lora (--enable-lora)")]:
+                           (["--weight-sync", "disk", "--max-lora-rank", "8"], "needs enable_lora (--enable-lora)"),
+                           (["--weight-sync", "nccl", "--sync-root", "/tmp"], "need weight_sync='disk' (--weight-sync"),
+                           (["--weight-sync", "disk", "--sync-root", str(tmp_path / "no")], "not an existing directory")]:
         result = subprocess.run([*serve, *flags], capture_output=True, text=True, timeout=120)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert message in result.stderr.splitlines()[-1] and "or1-trl serve:" not in result.stdout  # nothing started
