@@ -100,10 +100,10 @@ def check_weights_dir(path: str, expected: set[str] | None = None) -> tuple[str,
                 raise ValueError(f"{file}: not a safetensors file (header length {length}, file {size} bytes)")
             try:
                 header = json.loads(f.read(length))
-            except ValueError:
-                raise ValueError(f"{file}: its safetensors header is not JSON") from None
-        header.pop("__metadata__", None)
-        end = max((entry["data_offsets"][1] for entry in header.values()), default=0)
+                header.pop("__metadata__", None)
+                end = max((int(entry["data_offsets"][1]) for entry in header.values()), default=0)
+            except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+                raise ValueError(f"{file}: its safetensors header is not one (JSON tensor entries)") from None
         if 8 + length + end != size:
             raise ValueError(f"{file}: {size} bytes, its header describes {8 + length + end} (cut short?)")
         if names & header.keys():
