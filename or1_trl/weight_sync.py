@@ -57,13 +57,15 @@ from trl.generation.vllm_client import VLLMClient
 from trl.generation.vllm_generation import VLLMGeneration
 
 from .serve import SYNC_DTYPES, SYNC_PEFT_MODES, authorize, resolve_api_key, wait_for_health
-from .server_health import ServerDownError, ServerWatch, mount_retries
+from .server_health import ServerDownError, ServerWatch, WeightsRefusedError, mount_retries
 
 logger = logging.get_logger(__name__)
 
 #: Version of `or1_vllm_worker.OR1WorkerExtension` this trainer speaks to (3: `or1_server_info`,
-#: `or1_set_weights_version`).
-WORKER_EXTENSION_VERSION = 3
+#: `or1_set_weights_version`; 4: a boolean probe, sync roots, `or1_reload_weights` answering `{"ok", "error"}`).
+WORKER_EXTENSION_VERSION = 4
+#: Times the server is asked to load one version before the run stops (`WeightsRefusedError`).
+RELOAD_TRIES = 2
 SHARD_BYTES = 2 * 2**30  # safetensors shard size (tensor bytes per file)
 #: Header room reserved at the start of each shard: the header is written last (space-padded, as the safetensors
 #: format allows), so tensors stream into the file as they come. A shard closes early when its header would not fit.
@@ -317,19 +319,21 @@ class DiskWeightSync:
             )
         self.server_info = self.info()
 
-    def info(self, probe_path: str | None = None) -> dict:
-        """The server's `or1_server_info` (its first worker's): dtype, LoRA settings, `probe_path`'s content."""
-        return self._rpc("or1_server_info", probe_path=probe_path)[0]
+    def info(self, probe_path: str | None = None, probe_token: str | None = None) -> dict:
+        """The server's `or1_server_info` (its first worker's): dtype, LoRA settings, sync roots, and whether the file
+        `probe_path` holds `probe_token` as the server sees it (a boolean: the server never returns content)."""
+        return self._rpc("or1_server_info", probe_path=probe_path, probe_token=probe_token)[0]
 
     def can_read(self, directory: str) -> bool:
-        """Whether the server sees `directory` as this process does (a file written here, read back there)."""
+        """Whether the server loads from `directory` and sees it as this process does: a file written here
+        (`.or1-probe-<32 hex>`, a random token inside) is confirmed there — only under the server's sync roots."""
         token = secrets.token_hex(16)
-        probe = os.path.join(directory, f".or1-probe-{token[:8]}")
+        probe = os.path.join(directory, f".or1-probe-{secrets.token_hex(16)}")
         try:
             os.makedirs(directory, exist_ok=True)
             with open(probe, "w") as f:
                 f.write(token)
-            return self.info(probe)["probe"] == token
+            return self.info(probe, token)["probe"] is True
         except OSError:
             return False
         finally:
@@ -426,7 +430,7 @@ class DiskWeightSync:
             self._base_dir = os.path.join(self.sync_dir, "base")
             base_gather, _ = self._write(base, self._base_dir)
             with self._phase("load"):
-                self.watch.call(self._rpc, "or1_reload_weights", weights_path=self._base_dir, check_weights=False)
+                self.watch.call(self._reload_rpc, self._base_dir, check_weights=False)
             gather += base_gather
         final = os.path.join(self.sync_dir, f"adapter-{self.version + 1:06d}")
         adapter_gather, self.last_bytes = self._write(named_tensors, final)
@@ -464,12 +468,27 @@ class DiskWeightSync:
         if self.adapter_name is not None:
             if self._base_dir is not None:
                 with self._phase("load"):
-                    self._rpc("or1_reload_weights", weights_path=self._base_dir)
+                    self._reload_rpc(self._base_dir)
             return self._load_adapter()
         with self._phase("load"):
-            self._rpc("or1_reload_weights", weights_path=self._directory(self.version), version=self.version)
+            self._reload_rpc(self._directory(self.version), self.version)
         with self._phase("cache_reset"):
             self.session.post(f"{self.base_url}/reset_prefix_cache").raise_for_status()
+
+    def _reload_rpc(self, directory: str, version: int | None = None) -> None:
+        """Have the server load `directory` (`or1_reload_weights`); a server that refuses it (a folder outside its
+        sync roots, incomplete, a failed load: it keeps its previous weights) is asked `RELOAD_TRIES` times, then
+        `WeightsRefusedError` (a `ServerDownError`: the run stops with a checkpoint and one line)."""
+        for attempt in range(1, RELOAD_TRIES + 1):
+            results = self._rpc("or1_reload_weights", weights_path=directory, version=version)
+            errors = [r.get("error") if isinstance(r, dict) else repr(r) for r in results
+                      if not (isinstance(r, dict) and r.get("ok"))]
+            if not errors:
+                return
+            logger.warning(f"The vLLM server at {self.base_url} did not load {directory} (try {attempt} of "
+                           f"{RELOAD_TRIES}): {errors[0]}")
+        raise WeightsRefusedError(f"The vLLM server at {self.base_url} did not load the weights in {directory} "
+                                  f"({RELOAD_TRIES} tries; it keeps its previous ones): {errors[0]}")
 
     def server_versions(self) -> set[int]:
         """The weights versions the server's workers hold (0: the weights it started with)."""
@@ -626,6 +645,11 @@ class OR1VLLMGeneration(VLLMGeneration):
             adapter[0], why = self._adapter_decision()
             if self.sync_dir is None:
                 logger.info(self.disk_sync.use_default_dir(self.default_sync_dir, self._bytes_per_version()))
+            if not self.disk_sync.can_read(self.disk_sync.sync_dir):
+                raise ValueError(
+                    f"vllm_sync_dir {self.disk_sync.sync_dir}: the vLLM server at {base_url} cannot load from it. It "
+                    f"loads only from under its sync roots {self.disk_sync.server_info.get('sync_roots')} (or1-trl "
+                    "serve --sync-root DIR) and must see the trainer's files (shared storage across nodes).")
             dtype = self.disk_sync.dtype
             logger.info(f"vLLM disk weight sync: {'the LoRA adapter only' if adapter[0] else 'full weights'} ({why}), "
                         f"written in {str(dtype).removeprefix('torch.') if dtype else 'the model dtype'} "

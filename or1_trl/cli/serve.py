@@ -33,14 +33,18 @@ class ServeArguments:
     enable_lora: bool = field(default=False, metadata={
         "help": "Serve LoRA adapters loaded at run time (vLLM's --enable-lora, VLLM_ALLOW_RUNTIME_LORA_UPDATING=1): "
         "a PEFT trainer with --vllm_weight_sync disk then pushes only its adapter each step (disk sync only)."})
+    sync_root: list[str] | None = field(default=None, metadata={
+        "help": "Directories the server may load weights from (--weight-sync disk): the trainer's vllm_sync_dir must "
+        "be under one (symlinks resolved). Default: /dev/shm, where the trainer's default vllm_sync_dir goes; give "
+        "the shared folder for a trainer on another node, or the folder holding <output_dir>/_vllm_sync."})
     max_lora_rank: int | None = field(default=None, metadata={
         "help": "With --enable-lora: the largest adapter rank the server takes (vLLM's --max-lora-rank; default "
         "vLLM's, 16). At least the trainer's LoraConfig r."})
 
     def __post_init__(self):
-        from ..serve import WEIGHT_SYNC_BACKENDS, default_weight_sync
+        from ..serve import WEIGHT_SYNC_BACKENDS, default_weight_sync, python_problem
 
-        problem = model_path_problem(self.model)
+        problem = model_path_problem(self.model) or python_problem(self.python)
         if problem:
             raise ValueError(problem)
         self.weight_sync = self.weight_sync or default_weight_sync()
@@ -65,5 +69,5 @@ def serve(argv: list[str] | None = None, prog: str | None = "or1-trl serve") -> 
     with input_errors(parser):  # no key for a non-loopback address
         command, env = build_command(args.model, args.weight_sync, args.host, args.port, args.python, vllm_args,
                                      api_key=args.api_key, enable_lora=args.enable_lora,
-                                     max_lora_rank=args.max_lora_rank)
+                                     max_lora_rank=args.max_lora_rank, sync_roots=args.sync_root)
     run(command, env, args.weight_sync, args.host, args.port)

@@ -15,20 +15,118 @@ The trainer tags each push with a weights version (`or1_reload_weights(..., vers
 `or1_weights_version`): a server that restarted reports 0, so the trainer knows to send it its weights again
 before it generates anything (`or1_trl/server_health.py`).
 
-`or1_server_info` tells the trainer what to send (version 3): the dtype the server computes in (so the trainer casts
+`or1_server_info` tells the trainer what to send (version 4): the dtype the server computes in (so the trainer casts
 before writing, `OR1Config.vllm_sync_dtype="server"`: half the bytes of fp32 for a bf16 server, and the same values
 vLLM's loader would have produced by casting), whether it serves LoRA adapters loaded at run time (`--enable-lora`
-and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`: adapter-only sync for a PEFT policy, `OR1Config.vllm_sync_peft`) and, for
-`probe_path`, the content of that file as the server sees it (whether a directory the trainer writes, e.g. on
-/dev/shm, is the one the server reads). With adapter-only sync the weights version is set by
+and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`: adapter-only sync for a PEFT policy, `OR1Config.vllm_sync_peft`), its sync
+roots and, for a probe, whether a file the trainer wrote is the one the server reads (whether a directory the trainer
+writes, e.g. on /dev/shm, is the one the server reads). With adapter-only sync the weights version is set by
 `or1_set_weights_version` once the adapter is loaded through vLLM's `/v1/load_lora_adapter`.
+
+**What a caller of `/collective_rpc` can make the server read** (anyone holding the key; anyone on this machine for a
+server without one):
+
+- Weights only from under the **sync roots** the server was started with (`or1-trl serve --sync-root`, passed in
+  `$OR1_VLLM_SYNC_ROOTS`; none set: no folder is loaded), resolved with symlinks followed, so neither `..` nor a
+  link leads out; every file read is a regular file, not a link.
+- The probe answers a boolean and never returns content: `True` only for a file named `.or1-probe-<32 hex>` under a
+  sync root whose content is the token the caller sent (the trainer wrote both).
+- A folder is checked before vLLM touches the model (`check_weights_dir`: safetensors headers that parse and match
+  their files' sizes, covering every tensor of the last weights loaded); a load that fails anyway (I/O, a loader
+  error) is undone by reloading the last complete weights. `or1_reload_weights` then answers `{"ok": False, "error":
+  ...}` and keeps its weights and version: the trainer retries once, then stops with a checkpoint
+  (`or1_trl/weight_sync.py`). Without the check, a folder without weights left vLLM's parameters on the meta
+  device: `/health` still said 200 and the next generation killed the engine.
 """
 
 from __future__ import annotations
 
+import hmac
+import json
 import os
+import re
+import struct
 
-EXTENSION_VERSION = 3
+EXTENSION_VERSION = 4
+#: Where `or1-trl serve` lists the directories the server may load weights from (`os.pathsep`-separated).
+SYNC_ROOTS_ENV = "OR1_VLLM_SYNC_ROOTS"
+#: The only file name the probe opens: the trainer's `.or1-probe-` + 32 hex digits (its token is the content).
+PROBE_NAME = re.compile(r"\.or1-probe-[0-9a-f]{32}")
+MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own cap on a header
+
+
+def sync_roots() -> list[str]:
+    """The sync roots of this server (`$OR1_VLLM_SYNC_ROOTS`), symlinks resolved."""
+    return [os.path.realpath(root) for root in os.environ.get(SYNC_ROOTS_ENV, "").split(os.pathsep) if root]
+
+
+def under_sync_root(path: str) -> str:
+    """`path` with symlinks resolved, if it lies under a sync root; else `ValueError` (one line)."""
+    roots = sync_roots()
+    if not roots:
+        raise ValueError(f"this server has no sync root ({SYNC_ROOTS_ENV} unset): start it with or1-trl serve")
+    real = os.path.realpath(str(path))
+    if not any(os.path.commonpath([real, root]) == root for root in roots):
+        raise ValueError(f"{path} is outside the server's sync roots {roots} (or1-trl serve --sync-root)")
+    return real
+
+
+def _regular_file(path: str) -> None:
+    """`ValueError` unless `path` is a regular file itself (a symlink could lead out of the sync root)."""
+    if os.path.islink(path) or not os.path.isfile(path):
+        raise ValueError(f"{path} is not a regular file (a link, a folder or missing)")
+
+
+def check_weights_dir(path: str, expected: set[str] | None = None) -> tuple[str, set[str]]:
+    """Check the folder `path` before any weight is replaced: under a sync root, holding `*.safetensors` files (no
+    links) whose headers parse and whose tensors fill each file exactly, no tensor twice, and every name of
+    `expected` (the tensors of the last weights loaded) among them. Returns `(real path, tensor names)`;
+    `ValueError` saying what is wrong otherwise."""
+    real = under_sync_root(path)
+    if not os.path.isdir(real):
+        raise ValueError(f"{path} is not a folder")
+    files = sorted(name for name in os.listdir(real) if name.endswith(".safetensors"))
+    if not files:
+        raise ValueError(f"{path} holds no .safetensors file")
+    names: set[str] = set()
+    for name in files:
+        file = os.path.join(real, name)
+        _regular_file(file)
+        size = os.path.getsize(file)
+        with open(file, "rb") as f:
+            head = f.read(8)
+            length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
+                raise ValueError(f"{file}: not a safetensors file (header length {length}, file {size} bytes)")
+            try:
+                header = json.loads(f.read(length))
+                header.pop("__metadata__", None)
+                end = max((int(entry["data_offsets"][1]) for entry in header.values()), default=0)
+            except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+                raise ValueError(f"{file}: its safetensors header is not one (JSON tensor entries)") from None
+        if 8 + length + end != size:
+            raise ValueError(f"{file}: {size} bytes, its header describes {8 + length + end} (cut short?)")
+        if names & header.keys():
+            raise ValueError(f"{path}: tensor {sorted(names & header.keys())[0]!r} is in two files")
+        names |= header.keys()
+    missing = sorted((expected or set()) - names)
+    if missing:
+        raise ValueError(f"{path} lacks {len(missing)} of the model's {len(expected)} tensors (e.g. {missing[0]!r})")
+    return real, names
+
+
+def _local_tensor_names(path: str) -> set[str] | None:
+    """The tensor names of the safetensors in a local folder (the model the server started with), else `None`."""
+    try:
+        files = [os.path.join(path, n) for n in os.listdir(path) if n.endswith(".safetensors")]
+        names = set()
+        for file in files:
+            with open(file, "rb") as f:
+                header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+            names |= header.keys() - {"__metadata__"}
+        return names or None
+    except (OSError, ValueError, struct.error):
+        return None
 
 
 class OR1WorkerExtension:
@@ -41,23 +139,18 @@ class OR1WorkerExtension:
         weights it started with) until then, so 0 after a restart."""
         return getattr(self, "_or1_weights_version", 0)
 
-    def or1_server_info(self, probe_path: str | None = None) -> dict:
+    def or1_server_info(self, probe_path: str | None = None, probe_token: str | None = None) -> dict:
         """What the trainer needs to know to push weights: `dtype` (e.g. "bfloat16"), `max_lora_rank` (0: LoRA off),
-        `runtime_lora` (`VLLM_ALLOW_RUNTIME_LORA_UPDATING` set, so `/v1/load_lora_adapter` exists), and `probe`: the
-        first 256 characters of the file `probe_path`, or `None` when this server cannot read it."""
+        `runtime_lora` (`VLLM_ALLOW_RUNTIME_LORA_UPDATING` set, so `/v1/load_lora_adapter` exists), `sync_roots`
+        (where it loads weights from) and `probe`: `True` only if `probe_path` is a regular file named
+        `.or1-probe-<32 hex>` under a sync root that holds exactly `probe_token` — a boolean, never content."""
         lora = getattr(self, "lora_config", None)
-        probe = None
-        if probe_path:
-            try:
-                with open(probe_path) as f:
-                    probe = f.read(256)
-            except OSError:
-                probe = None
         return {
             "dtype": str(self.model_config.dtype).removeprefix("torch."),
             "max_lora_rank": int(lora.max_lora_rank) if lora is not None else 0,
             "runtime_lora": os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true"),
-            "probe": probe,
+            "sync_roots": sync_roots(),
+            "probe": bool(probe_path and probe_token) and _probe(str(probe_path), str(probe_token)),
         }
 
     def or1_set_weights_version(self, version: int) -> int:
@@ -66,14 +159,74 @@ class OR1WorkerExtension:
         self._or1_weights_version = int(version)
         return self._or1_weights_version
 
-    def or1_reload_weights(self, weights_path: str, version: int | None = None) -> int:
-        """Reload the weights in place from the safetensors in `weights_path`, then hold `version` as their version;
-        return how many layers were re-packed."""
-        self.reload_weights(weights_path=weights_path)
+    def or1_reload_weights(self, weights_path: str, version: int | None = None) -> dict:
+        """Reload the weights in place from the safetensors in `weights_path`, then hold `version` as their version.
+
+        The folder is checked first (`check_weights_dir`, against the tensors of the last weights loaded); a load
+        that fails anyway is undone by reloading the last complete weights. Returns `{"ok": True, "repacked": n}`
+        (layers re-packed), or `{"ok": False, "error": one line}` with the old weights and version kept."""
+        if not hasattr(self, "_or1_good"):  # the weights the server started with: (folder, tensor names)
+            self._or1_good = (self.model_config.model, _local_tensor_names(self.model_config.model))
+        good_path, good_names = self._or1_good
+        try:
+            real, names = check_weights_dir(weights_path, good_names)
+        except (ValueError, OSError) as error:
+            return {"ok": False, "error": f"refused {weights_path}: {error}"}
+        try:
+            self._or1_load(real)
+        except Exception as error:  # noqa: BLE001 - whatever the loader raised, the old weights come back
+            reason = f"loading {weights_path} failed ({type(error).__name__}: {str(error)[:300]})"
+            try:
+                _abort_layerwise_reload(self.model_runner.get_model())
+                self._or1_load(good_path)
+            except Exception as again:  # noqa: BLE001
+                return {"ok": False, "error": f"{reason}, and reloading the previous weights failed too "
+                        f"({type(again).__name__}: {str(again)[:200]}): restart the server"}
+            return {"ok": False, "error": f"{reason}; the server keeps its previous weights"}
+        self._or1_good = (real, names)
         repacked = _repack_tied_cpu_layers(self.model_runner.get_model())
         if version is not None:  # only once the weights are in place
             self._or1_weights_version = int(version)
-        return repacked
+        return {"ok": True, "repacked": repacked}
+
+    def _or1_load(self, path: str) -> None:
+        """vLLM's in-place reload from `path`; `RuntimeError` if a parameter is left on the meta device."""
+        self.reload_weights(weights_path=path)
+        model = self.model_runner.get_model()
+        on_meta = [name for name, tensor in (*model.named_parameters(), *model.named_buffers()) if tensor.is_meta]
+        if on_meta:
+            raise RuntimeError(f"{len(on_meta)} tensors not loaded (e.g. {on_meta[0]!r})")
+
+
+def _abort_layerwise_reload(model) -> None:
+    """After vLLM's in-place reload raised midway: give every layer still waiting for its weights back its kernel
+    tensors (the storage holding the old weights, untouched until a layer is complete) and drop what it buffered —
+    what `finalize_layerwise_reload` does for a layer that received nothing — so that the next reload starts clean.
+    vLLM 0.32's reload internals (`model_executor/model_loader/reload/layerwise.py`); the server's tests pin them."""
+    from vllm.model_executor.model_loader.reload import layerwise
+
+    for layer in model.modules():
+        info = layerwise.get_layerwise_info(layer)
+        if info.can_load():
+            if info.kernel_tensors is not None:
+                layerwise._place_kernel_tensors(layer, info)
+            info.reset()
+    layerwise.LOADING_LAYERS.clear()
+    if hasattr(model, "_original_do_torchao_reload"):
+        model._do_torchao_reload = model._original_do_torchao_reload
+
+
+def _probe(path: str, token: str) -> bool:
+    if not PROBE_NAME.fullmatch(os.path.basename(path)) or len(token) > 64:
+        return False
+    try:
+        real = under_sync_root(path)
+        _regular_file(path)
+        with open(real, "rb") as f:
+            content = f.read(65)
+    except (ValueError, OSError):
+        return False
+    return hmac.compare_digest(content, token.encode())
 
 
 def _repack_tied_cpu_layers(model) -> int:
