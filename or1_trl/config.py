@@ -148,7 +148,9 @@ class OR1Config(GRPOConfig):
             `/dev/shm/or1-trl-vllm-sync-<random>` only this user can enter (mode 0700, files 0600; memory speed;
             removed when training ends), when `/dev/shm` has room for two copies and the server reads it (same
             machine, same user); else `<output_dir>/_vllm_sync` (transformers' `push_to_hub` skips `_*`), with a
-            warning if making the private directory failed.
+            warning if making the private directory failed. The server loads only from under its sync roots
+            (`or1-trl serve --sync-root DIR ...`, default `/dev/shm`): a directory elsewhere (the fallback, shared
+            storage) needs it there, else the trainer stops at start with one line saying so.
         vllm_sync_peft (`str`, *optional*, defaults to `"auto"`):
             With a PEFT (LoRA) policy and `vllm_weight_sync="disk"`: `"adapter"` pushes only the adapter each step,
             which the server loads as a LoRA adapter under a new name (`or1-trl serve --enable-lora`; the base
@@ -351,7 +353,8 @@ class OR1Config(GRPOConfig):
         metadata={
             "help": "Directory the trainer writes weights to and the server reads them from (vllm_weight_sync='disk'; "
             "shared storage across nodes). Default: a private /dev/shm/or1-trl-vllm-sync-<random> when tmpfs has room "
-            "and the server reads it, else <output_dir>/_vllm_sync (push_to_hub skips it); the trainer logs which."
+            "and the server reads it, else <output_dir>/_vllm_sync (push_to_hub skips it); the trainer logs which. The server "
+            "loads only from under its `or1-trl serve --sync-root` folders (default /dev/shm)."
         },
     )
     vllm_sync_peft: str = choice_field("auto", SYNC_PEFT_MODES, help=(
