@@ -37,10 +37,14 @@ class UnserialisableValue(TypeError):
     pass
 
 
-def encode_value(value, _depth: int = 0, _type=type):
+def encode_value(value, _depth: int = 0, _type=type, rich: bool = False):
     """Encode a value made of exact builtin types into JSON-compatible tagged data.
 
     ``type`` is bound at definition time, so a program that replaces ``builtins.type`` cannot change it.
+    ``rich=True`` (the asserts format) also takes what test code commonly consumes from a function: iterators
+    (generators, ``map``, ``zip``...; materialised, at most ``_ITER_MAX`` items), ``range``, dict views and the
+    ``collections`` containers ``Counter``, ``OrderedDict``, ``defaultdict`` (its factory is dropped) and ``deque``.
+    Whatever the child sends is only data: the trainer's :func:`decode_value` rebuilds pristine objects from it.
     """
     if _depth > 200:
         raise UnserialisableValue("value nested too deeply")
@@ -51,27 +55,56 @@ def encode_value(value, _depth: int = 0, _type=type):
         return value if -(1 << 62) < value < (1 << 62) else {"i": hex(value)}
     if t is float:
         return {"f": value.hex()}
+    d = _depth + 1
     if t is list:
-        return [encode_value(v, _depth + 1) for v in value]
+        return [encode_value(v, d, rich=rich) for v in value]
     if t is tuple:
-        return {"t": [encode_value(v, _depth + 1) for v in value]}
+        return {"t": [encode_value(v, d, rich=rich) for v in value]}
     if t is set or t is frozenset:
-        return {"s" if t is set else "fs": [encode_value(v, _depth + 1) for v in value]}
+        return {"s" if t is set else "fs": [encode_value(v, d, rich=rich) for v in value]}
     if t is dict:
-        return {"d": [[encode_value(k, _depth + 1), encode_value(v, _depth + 1)] for k, v in value.items()]}
+        return {"d": [[encode_value(k, d, rich=rich), encode_value(v, d, rich=rich)] for k, v in value.items()]}
     if t is bytes:
         return {"b": value.hex()}
     if t is complex:
         return {"c": [value.real.hex(), value.imag.hex()]}
+    if rich:
+        return _encode_rich(value, t, d)
     raise UnserialisableValue(f"refusing to serialise a value of type {t.__module__}.{t.__qualname__}")
 
 
-def decode_value(data):
-    """Inverse of :func:`encode_value` (run in the trainer, on data only)."""
+_ITER_MAX = 1 << 20
+
+
+def _encode_rich(value, t, d):
+    import collections
+    import itertools
+
+    if t is range:
+        return {"r": [value.start, value.stop, value.step]}
+    if t in (collections.Counter, collections.OrderedDict, collections.defaultdict):
+        tag = {collections.Counter: "C", collections.OrderedDict: "O", collections.defaultdict: "dd"}[t]
+        return {tag: [[encode_value(k, d, rich=True), encode_value(v, d, rich=True)] for k, v in dict.items(value)]}
+    if t is collections.deque:
+        return {"dq": [encode_value(v, d, rich=True) for v in value]}
+    views = {type({}.keys()): "dk", type({}.values()): "dv", type({}.items()): "di"}
+    if t in views:
+        return {views[t]: [encode_value(v, d, rich=True) for v in value]}
+    if t.__module__ == "builtins" and hasattr(t, "__next__") and hasattr(t, "__iter__"):  # generator, map, zip...
+        items = list(itertools.islice(value, _ITER_MAX + 1))
+        if len(items) > _ITER_MAX:
+            raise UnserialisableValue("iterator longer than %d items" % _ITER_MAX)
+        return {"it": [encode_value(v, d, rich=True) for v in items]}
+    raise UnserialisableValue(f"refusing to serialise a value of type {t.__module__}.{t.__qualname__}")
+
+
+def decode_value(data, rich: bool = False):
+    """Inverse of :func:`encode_value` (run in the trainer, on data only): exact builtin (or, with ``rich``, the
+    trainer's own ``collections``) types, never an object of the program's."""
     if data is None or isinstance(data, (bool, str, int)):
         return data
     if isinstance(data, list):
-        return [decode_value(v) for v in data]
+        return [decode_value(v, rich) for v in data]
     if isinstance(data, dict) and len(data) == 1:
         (tag, v), = data.items()
         if tag == "i":
@@ -79,18 +112,41 @@ def decode_value(data):
         if tag == "f":
             return float.fromhex(v)
         if tag == "t":
-            return tuple(decode_value(x) for x in v)
+            return tuple(decode_value(x, rich) for x in v)
         if tag == "s":
-            return {decode_value(x) for x in v}
+            return {decode_value(x, rich) for x in v}
         if tag == "fs":
-            return frozenset(decode_value(x) for x in v)
+            return frozenset(decode_value(x, rich) for x in v)
         if tag == "d":
-            return {decode_value(k): decode_value(x) for k, x in v}
+            return {decode_value(k, rich): decode_value(x, rich) for k, x in v}
         if tag == "b":
             return bytes.fromhex(v)
         if tag == "c":
             return complex(float.fromhex(v[0]), float.fromhex(v[1]))
+        if rich:
+            return _decode_rich(tag, v)
     raise ValueError(f"malformed encoded value: {str(data)[:80]}")
+
+
+def _decode_rich(tag, v):
+    import collections
+
+    if tag == "r" and len(v) == 3 and all(type(x) is int for x in v):
+        return range(*v)
+    if tag in ("C", "O", "dd"):
+        pairs = [(decode_value(k, True), decode_value(x, True)) for k, x in v]
+        return {"C": lambda p: collections.Counter(dict(p)), "O": collections.OrderedDict,
+                "dd": lambda p: collections.defaultdict(None, p)}[tag](pairs)
+    if tag in ("dk", "di"):
+        items = [decode_value(x, True) for x in v]
+        return dict.fromkeys(items).keys() if tag == "dk" else dict(items).items()
+    if tag == "dv":
+        return {i: decode_value(x, True) for i, x in enumerate(v)}.values()
+    if tag == "dq":
+        return collections.deque(decode_value(x, True) for x in v)
+    if tag == "it":
+        return iter([decode_value(x, True) for x in v])
+    raise ValueError(f"malformed encoded value: {str({tag: v})[:80]}")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -487,28 +543,14 @@ def _child_stdio(code_obj, real_stdout, real_os_exit):
 
 
 def _child_call_or_assert(job, test, code_obj, real_os_exit) -> str:
-    """A call or assert test: the JSON payload of encoded data (the return value, or each assert's leaves); exits
-    with status 1 if the program or the test raises."""
+    """A call or assert test: the JSON payload of encoded data (the return value, or the result of each call the
+    trainer asks for); exits with status 1 if the program (or, for a call test, its function) raises."""
     enc = encode_value
     dumps = json.dumps
     payload = None
     kind = job["kind"]
     try:
         ns = {"__name__": "solution", "__builtins__": __builtins__}
-        records = []
-
-        def __or1_record__(k, *leaves):
-            # One executed (rewritten) assert: evaluate its leaves, keep data only. The verdict is the
-            # trainer's, which holds the literals of the assert and evaluates the comparison on the data.
-            vals = []
-            for leaf in leaves:
-                try:
-                    vals.append({"v": enc(leaf())})
-                except BaseException as e:  # noqa: BLE001 - any failure of a leaf is data
-                    vals.append({"e": type(e).__name__})
-            records.append([k, vals])
-
-        ns["__or1_record__"] = __or1_record__
         if job.get("prefix"):
             exec(compile(job["prefix"], "<import_prefix>", "exec"), ns)
         exec(code_obj, ns)
@@ -522,10 +564,8 @@ def _child_call_or_assert(job, test, code_obj, real_os_exit) -> str:
             args = decode_value(test["args"])
             result = fn(*args)
             payload = dumps({"value": enc(result)})
-        else:  # assert
-            ns["__or1_record__"] = __or1_record__  # again: the program may have rebound the name
-            exec(compile(test["code"], "<test>", "exec"), ns)
-            payload = dumps({"records": records})
+        else:  # assert: the test itself runs in the trainer; here only the calls it made on the program's names
+            payload = dumps({"results": [_serve_call(ns, call, enc) for call in test["calls"]]})
     except BaseException as e:  # noqa: BLE001
         try:
             os.write(2, f"{type(e).__name__}: {e}\n".encode()[:2000])
@@ -533,6 +573,40 @@ def _child_call_or_assert(job, test, code_obj, real_os_exit) -> str:
             pass
         real_os_exit(1)
     return payload
+
+
+def _serve_call(ns, call, enc):
+    """One call of the asserts format on the program's namespace ``ns``: ``{"v": value}`` (rich data, plus ``"a"``
+    and ``"k"``, the arguments after the call, for functions that mutate them), ``{"e": exception class name}`` or
+    ``{"u": type name}`` (a value that cannot cross as data). ``call``: ``name`` (a program name), ``new`` (the
+    arguments of the class instantiation, or None), ``history`` (earlier method calls on that instance, replayed)
+    and ``call`` (``[attribute path, args, kwargs]``)."""
+    try:
+        obj = ns[call["name"]]
+        if call.get("new") is not None:
+            obj = obj(*decode_value(call["new"][0], True), **decode_value(call["new"][1], True))
+        for path, a, k in call.get("history") or []:
+            fn = obj
+            for attr in path:
+                fn = getattr(fn, attr)
+            fn(*decode_value(a, True), **decode_value(k, True))
+        path, a, k = call["call"]
+        fn = obj
+        for attr in path:
+            fn = getattr(fn, attr)
+        args, kwargs = decode_value(a, True), decode_value(k, True)
+        value = fn(*args, **kwargs)
+    except BaseException as e:  # noqa: BLE001 - the program's exception is data for the test
+        return {"e": str(type(e).__name__)[:100]}
+    try:
+        out = {"v": enc(value, rich=True)}
+    except BaseException:  # noqa: BLE001 - not plain data: the trainer cannot judge it
+        return {"u": str(type(value).__qualname__)[:100]}
+    try:
+        out["a"], out["k"] = enc(args, rich=True), enc(kwargs, rich=True)
+    except BaseException:  # noqa: BLE001 - arguments that no longer encode are not written back
+        pass
+    return out
 
 
 def _finish_threads():
