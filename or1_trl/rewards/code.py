@@ -698,6 +698,8 @@ class CodeReward:
         log_metric = kwargs.get("log_metric")
         if log_metric is not None and n_run:
             log_metric(f"{self.__name__}/sandbox_error_frac", len(errors) / n_run)
+            log_metric(f"{self.__name__}/unjudgeable_frac",
+                       sum(r["status"] == "unjudgeable" for r in results) / n_run)
         if errors and len(errors) > self.max_sandbox_error_frac * n_run:
             raise SandboxError(
                 f"{self.__name__}: the sandbox ({self.sandbox.backend}) failed on {len(errors)} of the {n_run} "
