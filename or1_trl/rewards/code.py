@@ -13,13 +13,52 @@ test passes. Three test formats are supported (``tests`` is a dict or its JSON s
   (each input a string of newline-separated JSON arguments, each output a JSON string) is also accepted.
   The return value is serialised *in the sandbox* by a strict encoder (exact builtin types only) and compared
   as data in the trainer: tuples equal lists, floats are compared with a 1e-6 relative tolerance.
-* asserts — ``{"asserts": ["assert f(1) == 2", ...], "import_prefix": "..."}``: each entry is one test. Every
-  ``assert`` in the test code (entries and ``import_prefix``) is rewritten before it enters the sandbox: the
-  literal operands of its comparisons stay in the trainer, the other operands ("leaves") are evaluated in the
-  sandbox and come back as data, and the trainer evaluates ``==``/``<``/``in``/``is``/``not``/``and``/``or``
-  itself. So ``assert f(1) == 2`` cannot be passed by an object whose ``__eq__`` always answers True, and the
-  expected value ``2`` is never visible to the program. Every assert of an entry must have been executed at
-  least once and every execution must pass.
+* asserts — ``{"asserts": ["assert f(1) == 2", ...], "import_prefix": "..."}``: each entry is one test (any
+  test code: asserts, assignments, loops, ``def check(candidate)``, ``try``/``except``).
+
+Why no format's verdict can be influenced by the program (the policy is optimised to find any way):
+
+* stdin/stdout: the verdict compares stdout *text* in the trainer with the expected text, which never enters the
+  sandbox. Rebinding ``print``, ``sys.stdout`` or ``json``, writing to fd 1 directly or from a forked process only
+  changes which text is compared (output after the test's process exited is not read); no object of the program's
+  reaches the comparison.
+* function call: the return value is encoded in the sandbox and decoded in the trainer by a strict decoder into
+  exact builtin types, then compared as data (:func:`_data_equal`). An object with a custom ``__eq__``, a subclass of
+  ``int``/``str``/``list`` or an object whose comparison raises is refused by the encoder; a program that patches the
+  encoder, ``json`` or ``type``, or writes forged data to the result fd, still only sends data, and data equal to
+  the expected value is the right answer.
+* asserts: the test code runs **in the trainer**, never where the program ran, on pristine builtins and on the
+  import prefix executed in the trainer (trusted test input, once per distinct prefix). The program reaches the
+  judgment only through the values its functions return, as data: every name of the test that the program defines
+  (a ``def``, a ``class`` or an assignment at top level) is a proxy (``_ProgramRef``) whose calls are sent to the
+  sandbox — which runs the program in a fresh process and calls its function with the data-encoded arguments — and
+  whose results come back through the same strict decoder (plus, for this format, iterators, ``range``, dict views
+  and ``collections`` containers, rebuilt as the trainer's own objects). Calling a program class returns a handle:
+  its method calls are sent as one chain (instantiate, replay the earlier method calls, call), so LeetCode's
+  ``Solution().method(...)`` and stateful classes work; arguments the function mutated are written back. Hence
+  rebinding a builtin or a module attribute (``set = ...``, ``math.isclose = ...``) changes nothing the test sees,
+  and a returned always-equal object, ``int``/``str``/``list`` subclass or raising ``__eq__`` cannot be judged
+  (below). An exception raised by the program's function is raised in the test as the builtin class of the same
+  name (any other as :class:`ProgramError`): a test that expects it (``try``/``except``) handles it, otherwise the
+  test fails. The program's imports that the test names are replayed here pristine (a plain import of the standard
+  library; ``import x as y`` or another package cannot be, see below).
+
+  Names: the test's own bindings, then builtins and the prefix's names (pristine), then the program's. A program
+  name that is also a builtin or a prefix name is the test's pristine one — unless no other program name appears
+  in the test, in which case it is the function under test (a task asking for ``gcd`` under ``from math import
+  *``) and is the program's; two or more such names and nothing else is ambiguous.
+
+  Cost: the test runs in rounds; each round is one sandbox run (one process per pending entry, as for every
+  format) making the calls the entry's test needs next; a call that depends on another one's result (``f(g(x))``,
+  one per loop iteration) takes another round, at most ``MAX_CALL_ROUNDS``. Every entry runs the program at least
+  once, and must finish without error. Straight-line asserts need one round, like the other formats.
+
+  **Unjudgeable** (the stated rule): a test that cannot be judged on data alone scores 0 with the status
+  ``unjudgeable``, counted per call in the metric ``code_reward/unjudgeable_frac``: a program function returning
+  something that is not data (a custom object, a subclass of a builtin type), an argument that is not data (a
+  lambda, an object of the test's prefix), a use of a program name other than calling it (comparing the function,
+  reading an attribute), a test naming the program's aliased or non-stdlib import, an ambiguous name (above), or
+  more than ``MAX_CALL_ROUNDS`` rounds. Test code is trusted input: it runs in the trainer without a sandbox.
 
 The sandbox, its threat model and what each backend isolates are documented in
 :mod:`or1_trl.rewards.sandbox`. Rewards are plain floats (TRL reward-function signature); samples of a batch
@@ -433,7 +472,7 @@ class CodeReward:
     Each sample gets a status (logged by TRL as ``code_reward_status``): ``pass``; a failure of the program —
     ``wrong`` (ran, wrong output), ``error`` (exception / non-zero exit), ``timeout``, ``signal``,
     ``memory_limit`` (its process tree reached ``memory_mb``), ``output_limit``, ``no_result``, ``compile_error``,
-    ``total_timeout``, ``protocol_error``, ``driver_died``; nothing to run — ``no_code``, ``syntax_error``,
+    ``total_timeout``, ``protocol_error``, ``driver_died``; ``unjudgeable`` (asserts: a test that cannot be judged on data, see the module docstring; counted in ``code_reward/unjudgeable_frac``); nothing to run — ``no_code``, ``syntax_error``,
     ``bad_tests``; or ``sandbox_error``, an infrastructure failure (retried once with a warning; reward 0 if the
     retry fails too). When more than ``max_sandbox_error_frac`` of the samples sent to the sandbox in one call end
     with ``sandbox_error``, the call raises :class:`SandboxError` with the first error.

@@ -62,7 +62,9 @@ Killing the trainer            PID namespace (parent invisible) / different uid 
 TIOCSTI / terminal injection   ``--new-session`` / ``setsid``                               all
 Always-equal objects,          values are serialised by a strict encoder in the child and   all (protocol)
 tampered builtins, early exit  compared as data by the trainer; every test needs a nonce
-                               record written by the driver after the child exited
+                               record written by the driver after the child exited; assert
+                               tests run in the trainer on pristine builtins, the sandbox
+                               only answers their calls of the program's functions
 =============================  ===========================================================  ================
 
 What the fallbacks lose: ``unshare`` keeps the PID/network/IPC namespaces, the uid drop (root) and a private
