@@ -148,8 +148,9 @@ HOSTILE = {
                                 "def f(x):\n    return B()",
     "early exit": "import os\nos._exit(0)\ndef f(x):\n    return 4",
     "forged results": "import os\nos.write(3, b'{\"results\": [{\"v\": 9}]}')\nos._exit(0)\ndef f(x):\n    return 0",
+    # (whatever the program makes the harness send is data: forged data equal to the answer would be the answer)
     "patched json and encoder": "import json, sys\njson.dumps = lambda *a, **k: '{\"results\": [{\"v\": 4}]}'\n"
-                                "m = sys.modules['__main__']\nm.encode_value = lambda *a, **k: 4\n"
+                                "m = sys.modules['__main__']\nm.encode_value = lambda *a, **k: {'d': 'junk'}\n"
                                 "def f(x):\n    return 0",
     "patched AssertionError": "import builtins\nbuiltins.AssertionError = KeyError\ndef f(x):\n    return 0",
     "raises": "def f(x):\n    raise ValueError('no')",

@@ -88,6 +88,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .math import completion_text
 from .sandbox import Sandbox, SandboxError, UnserialisableValue, decode_value, encode_value
+from .sandbox.driver import decode_data, encode_data
 
 __all__ = ["CodeReward", "code_reward", "extract_code", "DEFAULT_IMPORT_PREFIX"]
 
@@ -145,6 +146,7 @@ def _data_equal(a, b) -> bool:
 
 #: Standard-library modules a program's import is never replayed from (side effects on import).
 _NO_REPLAY = frozenset({"antigravity", "this", "turtle", "turtledemo", "tkinter", "idlelib", "webbrowser", "pydoc"})
+_TEST_MODULE = "__or1_test__"  # the __name__ the test code (and its prefix) run under in the trainer
 #: Rounds of dependent calls (``f(g(x))`` takes 2) after which an entry is unjudgeable.
 MAX_CALL_ROUNDS = 32
 
@@ -195,7 +197,7 @@ class _ProgramRef:
         if self._owner is None and self._is_class and self._new is None:  # a program class: an instance handle
             return _ProgramRef(sess, self._name, is_class=True, new=sess.encode([list(args), kwargs]))
         call = {"name": self._name, "new": owner._new, "history": list(owner._history),
-                "call": [list(self._path), *sess.encode([list(args), kwargs])]}
+                "call": [list(self._path), sess.encode([list(args), kwargs])]}
         value = sess.call(call, args, kwargs)
         if owner._new is not None:  # a method call on an instance: later calls replay it first
             owner._history.append(call["call"])
@@ -232,8 +234,11 @@ class _Session:
     """One round of one test entry in the trainer: the known call results (``memo``, from earlier rounds), the calls
     it needs next, and why it was unjudgeable (set even when the test's own bare ``except`` swallows it)."""
 
-    def __init__(self, memo: dict):
+    def __init__(self, memo: dict, classes: dict):
         self.memo, self.needed, self.unjudgeable = memo, [], None
+        self.classes = classes  # the prefix's data classes (ListNode...), by name: their objects cross as data
+        kinds = set(classes.values())
+        self.accepts = (lambda t: t in kinds) if kinds else None
 
     def refuse(self, why: str) -> Unjudgeable:
         self.unjudgeable = self.unjudgeable or why
@@ -241,7 +246,7 @@ class _Session:
 
     def encode(self, value):
         try:
-            return encode_value(value, rich=True)
+            return encode_data(value, self.accepts)
         except (UnserialisableValue, RecursionError) as e:
             raise self.refuse(f"an argument cannot be sent to the program as data ({e})") from None
 
@@ -260,32 +265,26 @@ class _Session:
                 raise exc(f"raised by the program's `{name}`")
             raise ProgramError(f"{str(res['e'])[:100]} raised by the program's `{name}`")
         try:
-            value = decode_value(res["v"], rich=True)
-        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+            value = decode_data(res["v"], self.classes)
+            after = decode_data(res["a"], self.classes) if "a" in res else None
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
             raise self.refuse(f"the sandbox sent malformed data for `{name}`") from None
-        _write_back(args, res.get("a"))
-        _write_back((kwargs,), [res.get("k")])
+        if isinstance(after, list) and len(after) == 2 and isinstance(after[1], dict):
+            _write_back(args, after[0])
+            _write_back(list(kwargs.values()), [after[1].get(k) for k in kwargs])
         return value
 
 
 def _write_back(before, after):
     """Arguments the program mutated (a list it sorted in place, ...): their new contents, into the test's objects."""
-    try:
-        after = decode_value(after, rich=True) if isinstance(after, list) else []
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+    if not isinstance(after, list):
         return
     for old, new in zip(before, after):
         if type(old) is not type(new) or old == new:
             continue
         if type(old) is list:
             old[:] = new
-        elif type(old) is dict:
-            if all(type(v) in (list, dict, set) for v in old.values()) and old.keys() == new.keys():
-                _write_back(list(old.values()), list(new.values()))  # the kwargs dict: its values in place
-            else:
-                old.clear()
-                old.update(new)
-        elif type(old) is set:
+        elif type(old) in (dict, set):
             old.clear()
             old.update(new)
 
@@ -409,9 +408,9 @@ def _plan_entry(source: str, prefix_tree, prefix_ns: dict, program: dict, import
                   ambiguous)
 
 
-def _run_entry(entry: _Entry, prefix_ns: dict, memo: dict) -> tuple[str, list, str]:
+def _run_entry(entry: _Entry, prefix_ns: dict, memo: dict, classes: dict) -> tuple[str, list, str]:
     """One round of an entry in the trainer: ``("pass" | "wrong" | "unjudgeable" | "need", calls needed, why)``."""
-    sess = _Session(memo)
+    sess = _Session(memo, classes)
     if entry.ambiguous:
         return "unjudgeable", [], entry.ambiguous
     ns = dict(prefix_ns)
@@ -436,10 +435,12 @@ def _run_entry(entry: _Entry, prefix_ns: dict, memo: dict) -> tuple[str, list, s
 
 
 class _AssertPlan:
-    __slots__ = ("prefix_ns", "entries")
+    __slots__ = ("prefix_ns", "entries", "classes")
 
     def __init__(self, prefix_ns, entries):
         self.prefix_ns, self.entries = prefix_ns, entries
+        # the classes the prefix defines (LeetCode's ListNode, TreeNode): their objects cross as data
+        self.classes = {n: v for n, v in prefix_ns.items() if isinstance(v, type) and v.__module__ == _TEST_MODULE}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -568,13 +569,14 @@ class CodeReward:
         program, imports = _program_bindings(ast.parse(code))
         plan = _AssertPlan(prefix_ns, [_plan_entry(str(e), prefix_tree, prefix_ns, program, imports)
                                        for e in entries])
-        return _Prepared({"kind": "assert", "code": code, "tests": [], "prefix": prefix}, plan)
+        return _Prepared({"kind": "assert", "code": code, "tests": [], "prefix": prefix,
+                          "data_classes": sorted(plan.classes)}, plan)
 
     def _prefix_namespace(self, prefix: str):
         """The import prefix run here (trusted test input), once per distinct prefix: its names, pristine."""
         if prefix not in self._prefixes:
             tree = ast.parse(prefix)
-            ns = {"__name__": "__or1_test__", "__builtins__": builtins}
+            ns = {"__name__": _TEST_MODULE, "__builtins__": builtins}
             exec(compile(tree, "<import_prefix>", "exec"), ns)
             if len(self._prefixes) > 64:
                 self._prefixes.clear()
@@ -653,7 +655,7 @@ class CodeReward:
         why = [""] * n
         calls: dict[int, list] = {}
         for i, entry in enumerate(plan.entries):  # round 0, here: the first calls (or a verdict without any)
-            outcome, need, why[i] = _run_entry(entry, plan.prefix_ns, memos[i])
+            outcome, need, why[i] = _run_entry(entry, plan.prefix_ns, memos[i], plan.classes)
             if outcome in ("wrong", "unjudgeable"):
                 verdict[i] = outcome
             else:  # "pass" needs the program to have run once too
@@ -681,7 +683,7 @@ class CodeReward:
                 else:
                     for call, r in zip(job["tests"][k]["calls"], results):
                         memos[i][json.dumps(call, sort_keys=True)] = r
-                    outcome, need, why[i] = _run_entry(plan.entries[i], plan.prefix_ns, memos[i])
+                    outcome, need, why[i] = _run_entry(plan.entries[i], plan.prefix_ns, memos[i], plan.classes)
                     if outcome == "need":
                         nxt[i] = need
                     else:

@@ -69,32 +69,34 @@ def encode_value(value, _depth: int = 0, _type=type, rich: bool = False):
     if t is complex:
         return {"c": [value.real.hex(), value.imag.hex()]}
     if rich:
-        return _encode_rich(value, t, d)
+        return _encode_rich(value, t, d, rich)
     raise UnserialisableValue(f"refusing to serialise a value of type {t.__module__}.{t.__qualname__}")
 
 
 _ITER_MAX = 1 << 20
 
 
-def _encode_rich(value, t, d):
+def _encode_rich(value, t, d, rich):
     import collections
     import itertools
 
+    if isinstance(rich, ObjectTable) and rich.accepts(t):
+        return {"ref": rich.add(value)}
     if t is range:
         return {"r": [value.start, value.stop, value.step]}
     if t in (collections.Counter, collections.OrderedDict, collections.defaultdict):
         tag = {collections.Counter: "C", collections.OrderedDict: "O", collections.defaultdict: "dd"}[t]
-        return {tag: [[encode_value(k, d, rich=True), encode_value(v, d, rich=True)] for k, v in dict.items(value)]}
+        return {tag: [[encode_value(k, d, rich=rich), encode_value(v, d, rich=rich)] for k, v in dict.items(value)]}
     if t is collections.deque:
-        return {"dq": [encode_value(v, d, rich=True) for v in value]}
+        return {"dq": [encode_value(v, d, rich=rich) for v in value]}
     views = {type({}.keys()): "dk", type({}.values()): "dv", type({}.items()): "di"}
     if t in views:
-        return {views[t]: [encode_value(v, d, rich=True) for v in value]}
+        return {views[t]: [encode_value(v, d, rich=rich) for v in value]}
     if t.__module__ == "builtins" and hasattr(t, "__next__") and hasattr(t, "__iter__"):  # generator, map, zip...
         items = list(itertools.islice(value, _ITER_MAX + 1))
         if len(items) > _ITER_MAX:
             raise UnserialisableValue("iterator longer than %d items" % _ITER_MAX)
-        return {"it": [encode_value(v, d, rich=True) for v in items]}
+        return {"it": [encode_value(v, d, rich=rich) for v in items]}
     raise UnserialisableValue(f"refusing to serialise a value of type {t.__module__}.{t.__qualname__}")
 
 
@@ -124,29 +126,86 @@ def decode_value(data, rich: bool = False):
         if tag == "c":
             return complex(float.fromhex(v[0]), float.fromhex(v[1]))
         if rich:
-            return _decode_rich(tag, v)
+            return _decode_rich(tag, v, rich)
     raise ValueError(f"malformed encoded value: {str(data)[:80]}")
 
 
-def _decode_rich(tag, v):
+def _decode_rich(tag, v, rich):
     import collections
+
+    if tag == "ref" and isinstance(rich, _Refs) and type(v) is int and 0 <= v < len(rich.objs):
+        return rich.objs[v]
 
     if tag == "r" and len(v) == 3 and all(type(x) is int for x in v):
         return range(*v)
     if tag in ("C", "O", "dd"):
-        pairs = [(decode_value(k, True), decode_value(x, True)) for k, x in v]
+        pairs = [(decode_value(k, rich), decode_value(x, rich)) for k, x in v]
         return {"C": lambda p: collections.Counter(dict(p)), "O": collections.OrderedDict,
                 "dd": lambda p: collections.defaultdict(None, p)}[tag](pairs)
     if tag in ("dk", "di"):
-        items = [decode_value(x, True) for x in v]
+        items = [decode_value(x, rich) for x in v]
         return dict.fromkeys(items).keys() if tag == "dk" else dict(items).items()
     if tag == "dv":
-        return {i: decode_value(x, True) for i, x in enumerate(v)}.values()
+        return {i: decode_value(x, rich) for i, x in enumerate(v)}.values()
     if tag == "dq":
-        return collections.deque(decode_value(x, True) for x in v)
+        return collections.deque(decode_value(x, rich) for x in v)
     if tag == "it":
-        return iter([decode_value(x, True) for x in v])
+        return iter([decode_value(x, rich) for x in v])
     raise ValueError(f"malformed encoded value: {str({tag: v})[:80]}")
+
+
+class ObjectTable:
+    """While encoding: the objects of the test's data classes (the import prefix's ``ListNode``, ``TreeNode``...)
+    met so far. They are sent by reference, their fields flat (:func:`encode_data`): a long linked list or a cycle
+    needs no recursion."""
+
+    def __init__(self, accepts):
+        self.accepts, self.nodes, self.index = accepts, [], {}
+
+    def add(self, obj) -> int:
+        k = self.index.get(id(obj))
+        if k is None:
+            k = self.index[id(obj)] = len(self.nodes)
+            self.nodes.append(obj)
+        return k
+
+
+class _Refs:
+    def __init__(self, objs):
+        self.objs = objs
+
+
+def encode_data(value, accepts=None):
+    """``encode_value(value, rich=True)``; objects of a class ``accepts(type)`` takes become ``{"g": [value, nodes]}``,
+    ``nodes`` being ``[class name, [[field, value], ...]]`` of each object (their instance dict)."""
+    if accepts is None:
+        return encode_value(value, rich=True)
+    table = ObjectTable(accepts)
+    top = encode_value(value, rich=table)
+    nodes, k = [], 0
+    while k < len(table.nodes):
+        obj = table.nodes[k]
+        fields = object.__getattribute__(obj, "__dict__")
+        nodes.append([str(type(obj).__name__), [[str(n), encode_value(v, rich=table)] for n, v in dict.items(fields)]])
+        k += 1
+    return {"g": [top, nodes]} if nodes else top
+
+
+def decode_data(data, classes=None):
+    """Inverse of :func:`encode_data`: objects are made of ``classes[name]`` (the receiver's own class: in the
+    trainer, the prefix's pristine one) with their decoded fields as instance attributes, nothing else."""
+    if classes and isinstance(data, dict) and len(data) == 1 and "g" in data:
+        top, nodes = data["g"]
+        objs = [object.__new__(classes[name]) for name, _ in nodes]
+        refs = _Refs(objs)
+        for obj, (_, fields) in zip(objs, nodes):
+            attrs = object.__getattribute__(obj, "__dict__")
+            for name, v in fields:
+                if type(name) is not str or not name.isidentifier() or name.startswith("__"):
+                    raise ValueError(f"malformed field name {str(name)[:40]!r}")
+                attrs[name] = decode_value(v, refs)
+        return decode_value(top, refs)
+    return decode_value(data, True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -565,7 +624,8 @@ def _child_call_or_assert(job, test, code_obj, real_os_exit) -> str:
             result = fn(*args)
             payload = dumps({"value": enc(result)})
         else:  # assert: the test itself runs in the trainer; here only the calls it made on the program's names
-            payload = dumps({"results": [_serve_call(ns, call, enc) for call in test["calls"]]})
+            names = list(job.get("data_classes") or ())
+            payload = dumps({"results": [_serve_call(ns, call, names) for call in test["calls"]]})
     except BaseException as e:  # noqa: BLE001
         try:
             os.write(2, f"{type(e).__name__}: {e}\n".encode()[:2000])
@@ -575,35 +635,40 @@ def _child_call_or_assert(job, test, code_obj, real_os_exit) -> str:
     return payload
 
 
-def _serve_call(ns, call, enc):
-    """One call of the asserts format on the program's namespace ``ns``: ``{"v": value}`` (rich data, plus ``"a"``
-    and ``"k"``, the arguments after the call, for functions that mutate them), ``{"e": exception class name}`` or
+def _serve_call(ns, call, names):
+    """One call of the asserts format on the program's namespace ``ns``: ``{"v": value}`` (rich data, plus ``"a"``,
+    the ``[args, kwargs]`` after the call, for functions that mutate them), ``{"e": exception class name}`` or
     ``{"u": type name}`` (a value that cannot cross as data). ``call``: ``name`` (a program name), ``new`` (the
-    arguments of the class instantiation, or None), ``history`` (earlier method calls on that instance, replayed)
-    and ``call`` (``[attribute path, args, kwargs]``)."""
+    ``[args, kwargs]`` of the class instantiation, or None), ``history`` (earlier method calls on that instance,
+    replayed) and ``call`` (``[attribute path, [args, kwargs]]``). Objects of the test's data classes ``names``
+    cross as such (:func:`encode_data`), made of the classes ``ns`` binds to those names."""
+    classes = {n: ns[n] for n in names if isinstance(ns.get(n), type)}
+    accepts = (lambda t: t.__name__ in classes) if classes else None
     try:
         obj = ns[call["name"]]
         if call.get("new") is not None:
-            obj = obj(*decode_value(call["new"][0], True), **decode_value(call["new"][1], True))
-        for path, a, k in call.get("history") or []:
+            a, k = decode_data(call["new"], classes)
+            obj = obj(*a, **k)
+        for path, ak in call.get("history") or []:
             fn = obj
             for attr in path:
                 fn = getattr(fn, attr)
-            fn(*decode_value(a, True), **decode_value(k, True))
-        path, a, k = call["call"]
+            a, k = decode_data(ak, classes)
+            fn(*a, **k)
+        path, ak = call["call"]
         fn = obj
         for attr in path:
             fn = getattr(fn, attr)
-        args, kwargs = decode_value(a, True), decode_value(k, True)
+        args, kwargs = decode_data(ak, classes)
         value = fn(*args, **kwargs)
     except BaseException as e:  # noqa: BLE001 - the program's exception is data for the test
         return {"e": str(type(e).__name__)[:100]}
     try:
-        out = {"v": enc(value, rich=True)}
+        out = {"v": encode_data(value, accepts)}
     except BaseException:  # noqa: BLE001 - not plain data: the trainer cannot judge it
         return {"u": str(type(value).__qualname__)[:100]}
     try:
-        out["a"], out["k"] = enc(args, rich=True), enc(kwargs, rich=True)
+        out["a"] = encode_data([args, kwargs], accepts)
     except BaseException:  # noqa: BLE001 - arguments that no longer encode are not written back
         pass
     return out
