@@ -67,7 +67,8 @@ def _family():
         rebind = f"import builtins\n{name} = {{v}}\nbuiltins.{name} = {{v}}\n"
         cases.append((name, rebind.format(v="_any"), f"assert f(2) == 4 or {name} == 'x'"))
         if name not in NOT_CALLED:
-            cases.append((name + "()", rebind.format(v="lambda *a, **k: 'x'"), f"assert f(2) == 4 or {name}(f(2)) == 'x'"))
+            cases.append((name + "()", rebind.format(v="lambda *a, **k: 'x'"),
+                          f"assert f(2) == 4 or {name}(f(2)) == 'x'"))
     for mod in (math, operator, functools):
         for name in sorted(n for n in dir(mod) if not n.startswith("_")):
             rebind = f"import {mod.__name__}\n{mod.__name__}.{name} = {{v}}\n{name} = {{v}}\n"
@@ -174,16 +175,19 @@ HONEST = [
      ["assert math.isclose(hyp(1, 1), 1.41421356, rel_tol=1e-6)", "assert abs(hyp(3, 4) - 5) < 1e-9"]),
     ("def common(a, b):\n    return list(set(a) & set(b))",
      ["assert set(common([1, 2, 3], [2, 3, 4])) == {2, 3}", "assert sorted(common([5, 1], [1, 5])) == [1, 5]"]),
-    ("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)", ["assert fib(fib(5)) == 5", "assert fib(10) == 55"]),
+    ("def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)",
+     ["assert fib(fib(5)) == 5", "assert fib(10) == 55"]),
     ("from collections import Counter\ndef freq(s):\n    return Counter(s)",
      ["assert freq('aab') == {'a': 2, 'b': 1}", "assert freq('ab').most_common(1)[0][1] == 1"]),
-    ("def squares(n):\n    return (i * i for i in range(n))\ndef evens(xs):\n    return filter(lambda x: x % 2 == 0, xs)",
+    ("def squares(n):\n    return (i * i for i in range(n))\n"
+     "def evens(xs):\n    return filter(lambda x: x % 2 == 0, xs)",
      ["assert list(squares(4)) == [0, 1, 4, 9]", "assert list(evens(range(5))) == [0, 2, 4]"]),
     ("def sort_in_place(xs):\n    xs.sort()", ["a = [3, 1, 2]\nsort_in_place(a)\nassert a == [1, 2, 3]"]),
     ("def safe_div(a, b):\n    if b == 0:\n        raise ZeroDivisionError('b is 0')\n    return a / b",
      ["try:\n    safe_div(1, 0)\nexcept ZeroDivisionError:\n    pass\nelse:\n    assert False",
       "assert safe_div(1, 4) == 0.25"]),
-    ("class Stack:\n    def __init__(self):\n        self.items = []\n    def push(self, x):\n        self.items.append(x)\n"
+    ("class Stack:\n    def __init__(self):\n        self.items = []\n"
+     "    def push(self, x):\n        self.items.append(x)\n"
      "    def pop(self):\n        return self.items.pop()\n    def size(self):\n        return len(self.items)",
      ["s = Stack()\ns.push(1)\ns.push(2)\nassert s.pop() == 2\nassert s.size() == 1"]),
     ("def pairs(d):\n    return sorted(d.items())\ndef keys(d):\n    return d.keys()",
@@ -218,6 +222,53 @@ def test_released_layouts_humaneval_and_leetcode():
     out = reward([block("def add(a, b):\n    return a + b"), block(two_sum), block(cheat_check), block(cheat_solution)],
                  [humaneval, leetcode, humaneval, leetcode])
     assert out == [1.0, 1.0, 0.0, 0.0]
+
+
+LEETCODE_PREFIX = """from typing import *
+class ListNode:
+    def __init__(self, val=0, next=None):
+        self.val = val
+        self.next = next
+def list_node(values: list):
+    head = None
+    for val in reversed(values):
+        head = ListNode(val, head)
+    return head
+def is_same_list(p1, p2):
+    while p1 and p2:
+        if p1.val != p2.val:
+            return False
+        p1, p2 = p1.next, p2.next
+    return p1 is None and p2 is None
+"""
+
+
+def test_prefix_classes_cross_as_data():
+    # LeetCode's linked lists: the test builds ListNode objects of its (pristine) prefix; the program's come back
+    # as data rebuilt with that class, by reference (a 1000-node list needs no recursion).
+    tests = code_tests({"import_prefix": LEETCODE_PREFIX, "entry_point": "Solution().reverseList",
+                        "test_code": "def check(candidate):\n"
+                                     "    assert is_same_list(candidate(head = list_node([1, 2, 3])), "
+                                     "list_node([3, 2, 1]))\n"
+                                     "    assert is_same_list(candidate(head = list_node(list(range(1000)))), "
+                                     "list_node(list(range(999, -1, -1))))\n"
+                                     "    assert candidate(head = None) is None\n"})
+    honest = ("class Solution:\n    def reverseList(self, head: Optional[ListNode]) -> Optional[ListNode]:\n"
+              "        prev = None\n        while head:\n            head.next, prev, head = prev, head, head.next\n"
+              "        return prev")
+    wrong = "class Solution:\n    def reverseList(self, head):\n        return head"
+    cheat = ("class ListNode:\n    def __init__(self, val=0, next=None):\n        self.val, self.next = val, next\n"
+             "    def __eq__(s, o):\n        return True\n"
+             "class Solution:\n    def reverseList(self, head):\n        return head")
+    assert reward([block(honest), block(wrong), block(cheat)], [tests] * 3) == [1.0, 0.0, 0.0]
+
+
+def test_loops_and_nested_calls_take_rounds():
+    # A call that needs an earlier call's result (a loop, f(g(x))) is answered in a later round.
+    tests = {"asserts": ["def check(candidate):\n    acc = 0\n    for x in range(6):\n        acc = candidate(acc)\n"
+                         "    assert acc == 6\ncheck(inc)"]}
+    assert reward([block("def inc(x):\n    return x + 1"), block("def inc(x):\n    return x + 2")],
+                  [tests] * 2) == [1.0, 0.0]
 
 
 def test_unjudgeable_is_scored_zero_and_counted():

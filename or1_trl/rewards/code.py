@@ -473,9 +473,10 @@ class CodeReward:
     Each sample gets a status (logged by TRL as ``code_reward_status``): ``pass``; a failure of the program —
     ``wrong`` (ran, wrong output), ``error`` (exception / non-zero exit), ``timeout``, ``signal``,
     ``memory_limit`` (its process tree reached ``memory_mb``), ``output_limit``, ``no_result``, ``compile_error``,
-    ``total_timeout``, ``protocol_error``, ``driver_died``; ``unjudgeable`` (asserts: a test that cannot be judged on data, see the module docstring; counted in ``code_reward/unjudgeable_frac``); nothing to run — ``no_code``, ``syntax_error``,
-    ``bad_tests``; or ``sandbox_error``, an infrastructure failure (retried once with a warning; reward 0 if the
-    retry fails too). When more than ``max_sandbox_error_frac`` of the samples sent to the sandbox in one call end
+    ``total_timeout``, ``protocol_error``, ``driver_died``; ``unjudgeable`` (asserts: a test that cannot be judged
+    on data, see the module docstring; counted in ``code_reward/unjudgeable_frac``); nothing to run — ``no_code``,
+    ``syntax_error``, ``bad_tests``; or ``sandbox_error``, an infrastructure failure (retried once with a warning;
+    reward 0 if the retry fails too). When more than ``max_sandbox_error_frac`` of the samples sent to the sandbox in one call end
     with ``sandbox_error``, the call raises :class:`SandboxError` with the first error.
     """
 

@@ -638,7 +638,7 @@ def _child_call_or_assert(job, test, code_obj, real_os_exit) -> str:
 def _serve_call(ns, call, names):
     """One call of the asserts format on the program's namespace ``ns``: ``{"v": value}`` (rich data, plus ``"a"``,
     the ``[args, kwargs]`` after the call, for functions that mutate them), ``{"e": exception class name}`` or
-    ``{"u": type name}`` (a value that cannot cross as data). ``call``: ``name`` (a program name), ``new`` (the
+    ``{"u": type name}`` (a value that cannot cross as data). ``"a"`` is sent only when the call changed them. ``call``: ``name`` (a program name), ``new`` (the
     ``[args, kwargs]`` of the class instantiation, or None), ``history`` (earlier method calls on that instance,
     replayed) and ``call`` (``[attribute path, [args, kwargs]]``). Objects of the test's data classes ``names``
     cross as such (:func:`encode_data`), made of the classes ``ns`` binds to those names."""
@@ -668,7 +668,9 @@ def _serve_call(ns, call, names):
     except BaseException:  # noqa: BLE001 - not plain data: the trainer cannot judge it
         return {"u": str(type(value).__qualname__)[:100]}
     try:
-        out["a"] = encode_data([args, kwargs], accepts)
+        after = encode_data([args, kwargs], accepts)
+        if after != ak:  # only arguments the call changed travel back
+            out["a"] = after
     except BaseException:  # noqa: BLE001 - arguments that no longer encode are not written back
         pass
     return out
