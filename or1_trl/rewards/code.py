@@ -87,8 +87,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 from .math import completion_text
-from .sandbox import Sandbox, SandboxError, UnserialisableValue, decode_value, encode_value
-from .sandbox.driver import decode_data, encode_data
+from .sandbox import Sandbox, SandboxError, UnserialisableValue, decode_data, decode_value, encode_data, encode_value
 
 __all__ = ["CodeReward", "code_reward", "extract_code", "DEFAULT_IMPORT_PREFIX"]
 
@@ -476,8 +475,8 @@ class CodeReward:
     ``total_timeout``, ``protocol_error``, ``driver_died``; ``unjudgeable`` (asserts: a test that cannot be judged
     on data, see the module docstring; counted in ``code_reward/unjudgeable_frac``); nothing to run — ``no_code``,
     ``syntax_error``, ``bad_tests``; or ``sandbox_error``, an infrastructure failure (retried once with a warning;
-    reward 0 if the retry fails too). When more than ``max_sandbox_error_frac`` of the samples sent to the sandbox in one call end
-    with ``sandbox_error``, the call raises :class:`SandboxError` with the first error.
+    reward 0 if the retry fails too). When more than ``max_sandbox_error_frac`` of the samples sent to the sandbox
+    in one call end with ``sandbox_error``, the call raises :class:`SandboxError` with the first error.
     """
 
     #: Dataset columns TRL must pass (checked by `OR1Trainer` at construction): the unit tests.

@@ -101,7 +101,7 @@ The package, by process:
   library only); it also holds the strict value encoder, which the parent imports from it.
 """
 
-from .driver import NONCE_LEN, UnserialisableValue, decode_value, encode_value
+from .driver import NONCE_LEN, UnserialisableValue, decode_data, decode_value, encode_data, encode_value
 from .isolation import BACKENDS, LOST_ISOLATION, bwrap_candidates
 from .result import SandboxError, SandboxResult, SandboxUnavailable
 from .runner import DEFAULT_UID_BASE, Sandbox, available_backend
@@ -118,6 +118,8 @@ __all__ = [
     "UnserialisableValue",
     "available_backend",
     "bwrap_candidates",
+    "decode_data",
     "decode_value",
+    "encode_data",
     "encode_value",
 ]

@@ -9,7 +9,8 @@ job as JSON; stdout carries nonce-tagged JSON records, one per line: ``ready`` (
 test after its child has exited (or ``sandbox_error`` if the driver itself could not run it), then ``done``.
 
 The strict encoder of return values also lives here, because the child runs it; the trainer imports
-:func:`encode_value`/:func:`decode_value` from this file (the only import between the two sides, and only that way).
+:func:`encode_value`/:func:`decode_value` (and :func:`encode_data`/:func:`decode_data`, the asserts format's,
+which add the import prefix's objects) from this file (the only import between the two sides, and only that way).
 """
 
 from __future__ import annotations
@@ -637,8 +638,8 @@ def _child_call_or_assert(job, test, code_obj, real_os_exit) -> str:
 
 def _serve_call(ns, call, names):
     """One call of the asserts format on the program's namespace ``ns``: ``{"v": value}`` (rich data, plus ``"a"``,
-    the ``[args, kwargs]`` after the call, for functions that mutate them), ``{"e": exception class name}`` or
-    ``{"u": type name}`` (a value that cannot cross as data). ``"a"`` is sent only when the call changed them. ``call``: ``name`` (a program name), ``new`` (the
+    the ``[args, kwargs]`` after the call when the call changed them), ``{"e": exception class name}`` or
+    ``{"u": type name}`` (a value that cannot cross as data). ``call``: ``name`` (a program name), ``new`` (the
     ``[args, kwargs]`` of the class instantiation, or None), ``history`` (earlier method calls on that instance,
     replayed) and ``call`` (``[attribute path, [args, kwargs]]``). Objects of the test's data classes ``names``
     cross as such (:func:`encode_data`), made of the classes ``ns`` binds to those names."""
