@@ -261,7 +261,11 @@ class _Session:
         if "e" in res:
             exc = getattr(builtins, str(res["e"]), None)
             if isinstance(exc, type) and issubclass(exc, Exception):
-                raise exc(f"raised by the program's `{name}`")
+                try:
+                    err = exc(f"raised by the program's `{name}`")
+                except Exception:  # noqa: BLE001 - its constructor wants more (UnicodeDecodeError): an empty one
+                    err = exc.__new__(exc)
+                raise err
             raise ProgramError(f"{str(res['e'])[:100]} raised by the program's `{name}`")
         try:
             value = decode_data(res["v"], self.classes)
