@@ -33,7 +33,9 @@ Why no format's verdict can be influenced by the program (the policy is optimise
   (a ``def``, a ``class`` or an assignment at top level) is a proxy (``_ProgramRef``) whose calls are sent to the
   sandbox — which runs the program in a fresh process and calls its function with the data-encoded arguments — and
   whose results come back through the same strict decoder (plus, for this format, iterators, ``range``, dict views
-  and ``collections`` containers, rebuilt as the trainer's own objects). Calling a program class returns a handle:
+  and ``collections`` containers, rebuilt as the trainer's own objects, and objects of the classes the import prefix
+  defines — LeetCode's ``ListNode``/``TreeNode`` — sent by reference, field by field, and rebuilt with the prefix's
+  class in the trainer). Calling a program class returns a handle:
   its method calls are sent as one chain (instantiate, replay the earlier method calls, call), so LeetCode's
   ``Solution().method(...)`` and stateful classes work; arguments the function mutated are written back. Hence
   rebinding a builtin or a module attribute (``set = ...``, ``math.isclose = ...``) changes nothing the test sees,
@@ -46,7 +48,10 @@ Why no format's verdict can be influenced by the program (the policy is optimise
   Names: the test's own bindings, then builtins and the prefix's names (pristine), then the program's. A program
   name that is also a builtin or a prefix name is the test's pristine one — unless no other program name appears
   in the test, in which case it is the function under test (a task asking for ``gcd`` under ``from math import
-  *``) and is the program's; two or more such names and nothing else is ambiguous.
+  *``) and is the program's; two or more such names and nothing else is ambiguous. A name the test uses without
+  binding it (neither its prefix nor a builtin) is the program's, as it was when the test ran in the program's
+  namespace: a test that relies on the program to import a helper (``isclose`` without ``from math import *`` in
+  its prefix) trusts the program's definition of it — the prefix must import what the test uses.
 
   Cost: the test runs in rounds; each round is one sandbox run (one process per pending entry, as for every
   format) making the calls the entry's test needs next; a call that depends on another one's result (``f(g(x))``,
@@ -56,8 +61,8 @@ Why no format's verdict can be influenced by the program (the policy is optimise
   **Unjudgeable** (the stated rule): a test that cannot be judged on data alone scores 0 with the status
   ``unjudgeable``, counted per call in the metric ``code_reward/unjudgeable_frac``: a program function returning
   something that is not data (a custom object, a subclass of a builtin type), an argument that is not data (a
-  lambda, an object of the test's prefix), a use of a program name other than calling it (comparing the function,
-  reading an attribute), a test naming the program's aliased or non-stdlib import, an ambiguous name (above), or
+  lambda, an object of a class the prefix does not define), a use of a program name other than calling it
+  (comparing the function, reading an attribute), a test naming the program's aliased or non-stdlib import, an ambiguous name (above), or
   more than ``MAX_CALL_ROUNDS`` rounds. Test code is trusted input: it runs in the trainer without a sandbox.
 
 The sandbox, its threat model and what each backend isolates are documented in
