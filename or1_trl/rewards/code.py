@@ -63,7 +63,8 @@ Why no format's verdict can be influenced by the program (the policy is optimise
   something that is not data (a custom object, a subclass of a builtin type), an argument that is not data (a
   lambda, an object of a class the prefix does not define), a use of a program name other than calling it
   (comparing the function, reading an attribute), a test naming the program's aliased or non-stdlib import, an
-  ambiguous name (above), or more than ``MAX_CALL_ROUNDS`` rounds. Test code is trusted input: it runs in the trainer without a sandbox.
+  ambiguous name (above), or more than ``MAX_CALL_ROUNDS`` rounds. Test code is trusted input: it runs in the
+  trainer without a sandbox.
 
 The sandbox, its threat model and what each backend isolates are documented in
 :mod:`or1_trl.rewards.sandbox`. Rewards are plain floats (TRL reward-function signature); samples of a batch
