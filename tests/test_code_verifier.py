@@ -88,8 +88,8 @@ GROUP = 24  # attacks per program (one sandbox, one process per assert): keeps t
 
 def test_generated_attack_family_scores_zero():
     # Each program rebinds GROUP names; each of its asserts uses one. partial=True: every assert must fail on its
-    # own: a wrong answer judged in the trainer, or (a few rebound builtins, e.g. `str`, break the program's own
-    # process after it ran) an error of the program.
+    # own, as a wrong answer judged in the trainer (the driver encodes with the pristine builtins, so rebinding
+    # `isinstance` or `str` does not turn a judgment into a crash).
     assert len(FAMILY) > 500
     partial = CodeReward(timeout_per_test=4.0, total_timeout=60.0, memory_mb=256, max_processes=16, num_workers=2,
                          partial=True, min_isolation="bwrap")
@@ -100,8 +100,7 @@ def test_generated_attack_family_scores_zero():
     out = partial(programs, tests, log_extra=logged.__setitem__)
     passed = [g for g, r in zip(groups, out) if r != 0.0]
     assert not passed, f"attacks that passed: {[[n for n, _, _ in g] for g in passed]}"
-    assert set(logged["code_reward_status"]) <= {"wrong", "error"}, logged
-    assert logged["code_reward_status"].count("wrong") > len(groups) // 2, logged
+    assert set(logged["code_reward_status"]) == {"wrong"}, logged
 
 
 def test_same_shapes_with_an_honest_function_score_one():

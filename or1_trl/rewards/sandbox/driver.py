@@ -611,6 +611,7 @@ def _child_call_or_assert(job, test, code_obj, real_os_exit) -> str:
     kind = job["kind"]
     try:
         ns = {"__name__": "solution", "__builtins__": __builtins__}
+        state = _BuiltinsState() if kind == "assert" else None  # before any untrusted code: the pristine builtins
         if job.get("prefix"):
             exec(compile(job["prefix"], "<import_prefix>", "exec"), ns)
         exec(code_obj, ns)
@@ -625,8 +626,9 @@ def _child_call_or_assert(job, test, code_obj, real_os_exit) -> str:
             result = fn(*args)
             payload = dumps({"value": enc(result)})
         else:  # assert: the test itself runs in the trainer; here only the calls it made on the program's names
+            state.to_driver()
             names = list(job.get("data_classes") or ())
-            payload = dumps({"results": [_serve_call(ns, call, names) for call in test["calls"]]})
+            payload = dumps({"results": [_serve_call(ns, call, names, state) for call in test["calls"]]})
     except BaseException as e:  # noqa: BLE001
         try:
             os.write(2, f"{type(e).__name__}: {e}\n".encode()[:2000])
@@ -636,34 +638,59 @@ def _child_call_or_assert(job, test, code_obj, real_os_exit) -> str:
     return payload
 
 
-def _serve_call(ns, call, names):
+class _BuiltinsState:
+    """The builtins as the driver found them (before any untrusted code) and as the program left them: the program's
+    functions run with its own, the driver's decoding and encoding with the pristine ones, so a program that rebinds
+    ``isinstance`` or ``str`` is judged on what its functions return instead of breaking its own harness."""
+
+    def __init__(self, _copy=dict.copy):
+        import builtins
+
+        self.live = builtins.__dict__
+        self.pristine = _copy(self.live)
+        self.program = None
+
+    def to_driver(self, _copy=dict.copy, _clear=dict.clear, _update=dict.update):
+        self.program = _copy(self.live)
+        _clear(self.live)
+        _update(self.live, self.pristine)
+
+    def to_program(self, _clear=dict.clear, _update=dict.update):
+        _clear(self.live)
+        _update(self.live, self.program)
+
+
+def _serve_call(ns, call, names, state):
     """One call of the asserts format on the program's namespace ``ns``: ``{"v": value}`` (rich data, plus ``"a"``,
     the ``[args, kwargs]`` after the call when the call changed them), ``{"e": exception class name}`` or
     ``{"u": type name}`` (a value that cannot cross as data). ``call``: ``name`` (a program name), ``new`` (the
     ``[args, kwargs]`` of the class instantiation, or None), ``history`` (earlier method calls on that instance,
     replayed) and ``call`` (``[attribute path, [args, kwargs]]``). Objects of the test's data classes ``names``
-    cross as such (:func:`encode_data`), made of the classes ``ns`` binds to those names."""
+    cross as such (:func:`encode_data`), made of the classes ``ns`` binds to those names. The program's code runs with the builtins
+    as the program left them, the driver's decoding and encoding with the pristine ones (``state``)."""
     classes = {n: ns[n] for n in names if isinstance(ns.get(n), type)}
     accepts = (lambda t: t.__name__ in classes) if classes else None
     try:
-        obj = ns[call["name"]]
-        if call.get("new") is not None:
-            a, k = decode_data(call["new"], classes)
-            obj = obj(*a, **k)
-        for path, ak in call.get("history") or []:
-            fn = obj
-            for attr in path:
-                fn = getattr(fn, attr)
-            a, k = decode_data(ak, classes)
-            fn(*a, **k)
+        new = decode_data(call["new"], classes) if call.get("new") is not None else None
+        history = [(path, decode_data(ak, classes)) for path, ak in call.get("history") or []]
         path, ak = call["call"]
-        fn = obj
-        for attr in path:
-            fn = getattr(fn, attr)
         args, kwargs = decode_data(ak, classes)
-        value = fn(*args, **kwargs)
+    except BaseException:  # noqa: BLE001 - arguments the program's classes refuse to be made of
+        return {"u": "arguments"}
+    state.to_program()
+    try:
+        obj = ns[call["name"]]
+        if new is not None:
+            obj = obj(*new[0], **new[1])
+        for step, (a, k) in [*history, (path, (args, kwargs))]:
+            fn = obj
+            for attr in step:
+                fn = getattr(fn, attr)
+            value = fn(*a, **k)
     except BaseException as e:  # noqa: BLE001 - the program's exception is data for the test
+        state.to_driver()
         return {"e": str(type(e).__name__)[:100]}
+    state.to_driver()
     try:
         out = {"v": encode_data(value, accepts)}
     except BaseException:  # noqa: BLE001 - not plain data: the trainer cannot judge it
