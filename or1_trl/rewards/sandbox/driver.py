@@ -666,8 +666,9 @@ def _serve_call(ns, call, names, state):
     ``{"u": type name}`` (a value that cannot cross as data). ``call``: ``name`` (a program name), ``new`` (the
     ``[args, kwargs]`` of the class instantiation, or None), ``history`` (earlier method calls on that instance,
     replayed) and ``call`` (``[attribute path, [args, kwargs]]``). Objects of the test's data classes ``names``
-    cross as such (:func:`encode_data`), made of the classes ``ns`` binds to those names. The program's code runs with the builtins
-    as the program left them, the driver's decoding and encoding with the pristine ones (``state``)."""
+    cross as such (:func:`encode_data`), made of the classes ``ns`` binds to those names. The program's code runs
+    with the builtins as the program left them, the driver's decoding and encoding with the pristine ones
+    (``state``)."""
     classes = {n: ns[n] for n in names if isinstance(ns.get(n), type)}
     accepts = (lambda t: t.__name__ in classes) if classes else None
     try:
