@@ -1,7 +1,7 @@
 """Throughput of the code reward's sandbox (paper §7.2) vs. running the program bare.
 
 ``run(n_samples)`` returns a Markdown table: samples/s and tests/s of :class:`or1_trl.rewards.code.CodeReward`
-(serial and with one worker per CPU), for stdin/stdout and function-call tests, and the overhead per sample
+(serial and with one worker per CPU), for stdin/stdout, function-call and assert tests, and the overhead per sample
 compared with a bare ``subprocess.run([sys.executable, "-c", code])`` per test (no isolation, no limits).
 
     python benchmarks/code_sandbox_bench.py [n_samples] [--markdown FILE]
@@ -44,6 +44,12 @@ def _call_tests(seed: int) -> dict:
     return {"fn_name": "scaled", "inputs": ins, "outputs": outs}
 
 
+def _assert_tests(seed: int) -> dict:
+    tests = _call_tests(seed)
+    return {"asserts": [f"assert Solution().scaled({n}, {xs}) == {out}"
+                        for (n, xs), out in zip(tests["inputs"], tests["outputs"])]}
+
+
 def _bare(n_samples: int) -> float:
     t0 = time.perf_counter()
     for s in range(n_samples):
@@ -57,7 +63,8 @@ def _bare(n_samples: int) -> float:
 
 def _sandboxed(n_samples: int, kind: str, workers: int, n_tests: int = TESTS_PER_SAMPLE) -> float:
     reward = CodeReward(num_workers=workers)
-    code, make = (STDIO_CODE, _stdio_tests) if kind == "stdio" else (CALL_CODE, _call_tests)
+    code, make = {"stdio": (STDIO_CODE, _stdio_tests), "call": (CALL_CODE, _call_tests),
+                  "asserts": (CALL_CODE, _assert_tests)}[kind]
     completions = [f"```python\n{code}```"] * n_samples
     tests = [{k: v[:n_tests] if isinstance(v, list) else v for k, v in make(s).items()} for s in range(n_samples)]
     reward(completions[:1], tests[:1])  # choose the backend (one probe sandbox) outside the timing
@@ -73,7 +80,7 @@ def run(n_samples: int = 16) -> str:
     cpus = os.cpu_count() or 1
     n_tests = n_samples * TESTS_PER_SAMPLE
     rows = [("bare `subprocess.run([python, -c, code])` per test", "stdio", 1, _bare(n_samples))]
-    for kind in ("stdio", "call"):
+    for kind in ("stdio", "call", "asserts"):
         for workers in sorted({1, cpus}):
             rows.append((f"sandbox ({available_backend()})", kind, workers, _sandboxed(n_samples, kind, workers)))
     bare_per_sample = rows[0][3] / n_samples

@@ -295,7 +295,7 @@ def test_killing_the_driver_is_the_programs_failure_not_a_sandbox_error():
     assert reward([kill, kill, no_compile], [ADD_STDIO] * 3,
                   log_extra=logged.__setitem__, log_metric=logged.__setitem__) == [0.0, 0.0, 0.0]
     assert logged == {"code_reward_status": ["driver_died", "driver_died", "compile_error"],
-                      "code_reward/sandbox_error_frac": 0.0}
+                      "code_reward/sandbox_error_frac": 0.0, "code_reward/unjudgeable_frac": 0.0}
 
 
 @needs_bwrap

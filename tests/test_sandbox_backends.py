@@ -297,7 +297,7 @@ def test_sandbox_error_raises_instead_of_zeros(broken_and_healthy):
     assert sum("the retry failed too" in m for m in messages) == 2, messages
     assert res.error in str(err.value)  # the first error, e.g. "cannot start ... No such file or directory"
     assert logged == {"code_reward_status": ["sandbox_error", "sandbox_error", "no_code"],
-                      "code_reward/sandbox_error_frac": 1.0}
+                      "code_reward/sandbox_error_frac": 1.0, "code_reward/unjudgeable_frac": 0.0}
     with pytest.warns(RuntimeWarning, match="retrying it once|the retry failed too"):
         assert reward.evaluate(CORRECT, PLUS_ONE)["status"] == "sandbox_error"
     tolerant = CodeReward(max_sandbox_error_frac=1.0)

@@ -169,7 +169,8 @@ def test_a_process_holding_program_of_another_process_does_not_fail_correct_prog
         other.stderr.close()
     assert elapsed < 5, f"did the correct programs run while the other process held its processes? {elapsed:.1f}s"
     assert out == [1.0] * 4, logged
-    assert logged == {"code_reward_status": ["pass"] * 4, "code_reward/sandbox_error_frac": 0.0}
+    assert logged == {"code_reward_status": ["pass"] * 4, "code_reward/sandbox_error_frac": 0.0,
+                      "code_reward/unjudgeable_frac": 0.0}
     # it ran to its end, having forked children up to its limit (16 tasks with its driver) and held them meanwhile
     assert holder[:2] == ["ok", "ok"] and 10 <= int(holder[2]) < 16, holder
 
@@ -200,7 +201,8 @@ def test_driver_fork_failure_is_a_sandbox_error_retried_once(reward):
     with pytest.warns(RuntimeWarning):
         assert tolerant([CORRECT, "no code"], [PLUS, PLUS], log_extra=logged.__setitem__,
                         log_metric=logged.__setitem__) == [0.0, 0.0]
-    assert logged == {"code_reward_status": ["sandbox_error", "no_code"], "code_reward/sandbox_error_frac": 1.0}
+    assert logged == {"code_reward_status": ["sandbox_error", "no_code"], "code_reward/sandbox_error_frac": 1.0,
+                      "code_reward/unjudgeable_frac": 0.0}
 
 
 # ------------------------------------------------------------------------------------------------------

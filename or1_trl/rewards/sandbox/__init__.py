@@ -62,7 +62,9 @@ Killing the trainer            PID namespace (parent invisible) / different uid 
 TIOCSTI / terminal injection   ``--new-session`` / ``setsid``                               all
 Always-equal objects,          values are serialised by a strict encoder in the child and   all (protocol)
 tampered builtins, early exit  compared as data by the trainer; every test needs a nonce
-                               record written by the driver after the child exited
+                               record written by the driver after the child exited; assert
+                               tests run in the trainer on pristine builtins, the sandbox
+                               only answers their calls of the program's functions
 =============================  ===========================================================  ================
 
 What the fallbacks lose: ``unshare`` keeps the PID/network/IPC namespaces, the uid drop (root) and a private
@@ -99,7 +101,7 @@ The package, by process:
   library only); it also holds the strict value encoder, which the parent imports from it.
 """
 
-from .driver import NONCE_LEN, UnserialisableValue, decode_value, encode_value
+from .driver import NONCE_LEN, UnserialisableValue, decode_data, decode_value, encode_data, encode_value
 from .isolation import BACKENDS, LOST_ISOLATION, bwrap_candidates
 from .result import SandboxError, SandboxResult, SandboxUnavailable
 from .runner import DEFAULT_UID_BASE, Sandbox, available_backend
@@ -116,6 +118,8 @@ __all__ = [
     "UnserialisableValue",
     "available_backend",
     "bwrap_candidates",
+    "decode_data",
     "decode_value",
+    "encode_data",
     "encode_value",
 ]

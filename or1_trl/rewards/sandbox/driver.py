@@ -9,7 +9,8 @@ job as JSON; stdout carries nonce-tagged JSON records, one per line: ``ready`` (
 test after its child has exited (or ``sandbox_error`` if the driver itself could not run it), then ``done``.
 
 The strict encoder of return values also lives here, because the child runs it; the trainer imports
-:func:`encode_value`/:func:`decode_value` from this file (the only import between the two sides, and only that way).
+:func:`encode_value`/:func:`decode_value` (and :func:`encode_data`/:func:`decode_data`, the asserts format's,
+which add the import prefix's objects) from this file (the only import between the two sides, and only that way).
 """
 
 from __future__ import annotations
@@ -37,10 +38,14 @@ class UnserialisableValue(TypeError):
     pass
 
 
-def encode_value(value, _depth: int = 0, _type=type):
+def encode_value(value, _depth: int = 0, _type=type, rich: bool = False):
     """Encode a value made of exact builtin types into JSON-compatible tagged data.
 
     ``type`` is bound at definition time, so a program that replaces ``builtins.type`` cannot change it.
+    ``rich=True`` (the asserts format) also takes what test code commonly consumes from a function: iterators
+    (generators, ``map``, ``zip``...; materialised, at most ``_ITER_MAX`` items), ``range``, dict views and the
+    ``collections`` containers ``Counter``, ``OrderedDict``, ``defaultdict`` (its factory is dropped) and ``deque``.
+    Whatever the child sends is only data: the trainer's :func:`decode_value` rebuilds pristine objects from it.
     """
     if _depth > 200:
         raise UnserialisableValue("value nested too deeply")
@@ -51,27 +56,58 @@ def encode_value(value, _depth: int = 0, _type=type):
         return value if -(1 << 62) < value < (1 << 62) else {"i": hex(value)}
     if t is float:
         return {"f": value.hex()}
+    d = _depth + 1
     if t is list:
-        return [encode_value(v, _depth + 1) for v in value]
+        return [encode_value(v, d, rich=rich) for v in value]
     if t is tuple:
-        return {"t": [encode_value(v, _depth + 1) for v in value]}
+        return {"t": [encode_value(v, d, rich=rich) for v in value]}
     if t is set or t is frozenset:
-        return {"s" if t is set else "fs": [encode_value(v, _depth + 1) for v in value]}
+        return {"s" if t is set else "fs": [encode_value(v, d, rich=rich) for v in value]}
     if t is dict:
-        return {"d": [[encode_value(k, _depth + 1), encode_value(v, _depth + 1)] for k, v in value.items()]}
+        return {"d": [[encode_value(k, d, rich=rich), encode_value(v, d, rich=rich)] for k, v in value.items()]}
     if t is bytes:
         return {"b": value.hex()}
     if t is complex:
         return {"c": [value.real.hex(), value.imag.hex()]}
+    if rich:
+        return _encode_rich(value, t, d, rich)
     raise UnserialisableValue(f"refusing to serialise a value of type {t.__module__}.{t.__qualname__}")
 
 
-def decode_value(data):
-    """Inverse of :func:`encode_value` (run in the trainer, on data only)."""
+_ITER_MAX = 1 << 20
+
+
+def _encode_rich(value, t, d, rich):
+    import collections
+    import itertools
+
+    if isinstance(rich, ObjectTable) and rich.accepts(t):
+        return {"ref": rich.add(value)}
+    if t is range:
+        return {"r": [value.start, value.stop, value.step]}
+    if t in (collections.Counter, collections.OrderedDict, collections.defaultdict):
+        tag = {collections.Counter: "C", collections.OrderedDict: "O", collections.defaultdict: "dd"}[t]
+        return {tag: [[encode_value(k, d, rich=rich), encode_value(v, d, rich=rich)] for k, v in dict.items(value)]}
+    if t is collections.deque:
+        return {"dq": [encode_value(v, d, rich=rich) for v in value]}
+    views = {type({}.keys()): "dk", type({}.values()): "dv", type({}.items()): "di"}
+    if t in views:
+        return {views[t]: [encode_value(v, d, rich=rich) for v in value]}
+    if t.__module__ == "builtins" and hasattr(t, "__next__") and hasattr(t, "__iter__"):  # generator, map, zip...
+        items = list(itertools.islice(value, _ITER_MAX + 1))
+        if len(items) > _ITER_MAX:
+            raise UnserialisableValue("iterator longer than %d items" % _ITER_MAX)
+        return {"it": [encode_value(v, d, rich=rich) for v in items]}
+    raise UnserialisableValue(f"refusing to serialise a value of type {t.__module__}.{t.__qualname__}")
+
+
+def decode_value(data, rich: bool = False):
+    """Inverse of :func:`encode_value` (run in the trainer, on data only): exact builtin (or, with ``rich``, the
+    trainer's own ``collections``) types, never an object of the program's."""
     if data is None or isinstance(data, (bool, str, int)):
         return data
     if isinstance(data, list):
-        return [decode_value(v) for v in data]
+        return [decode_value(v, rich) for v in data]
     if isinstance(data, dict) and len(data) == 1:
         (tag, v), = data.items()
         if tag == "i":
@@ -79,18 +115,98 @@ def decode_value(data):
         if tag == "f":
             return float.fromhex(v)
         if tag == "t":
-            return tuple(decode_value(x) for x in v)
+            return tuple(decode_value(x, rich) for x in v)
         if tag == "s":
-            return {decode_value(x) for x in v}
+            return {decode_value(x, rich) for x in v}
         if tag == "fs":
-            return frozenset(decode_value(x) for x in v)
+            return frozenset(decode_value(x, rich) for x in v)
         if tag == "d":
-            return {decode_value(k): decode_value(x) for k, x in v}
+            return {decode_value(k, rich): decode_value(x, rich) for k, x in v}
         if tag == "b":
             return bytes.fromhex(v)
         if tag == "c":
             return complex(float.fromhex(v[0]), float.fromhex(v[1]))
+        if rich:
+            return _decode_rich(tag, v, rich)
     raise ValueError(f"malformed encoded value: {str(data)[:80]}")
+
+
+def _decode_rich(tag, v, rich):
+    import collections
+
+    if tag == "ref" and isinstance(rich, _Refs) and type(v) is int and 0 <= v < len(rich.objs):
+        return rich.objs[v]
+
+    if tag == "r" and len(v) == 3 and all(type(x) is int for x in v):
+        return range(*v)
+    if tag in ("C", "O", "dd"):
+        pairs = [(decode_value(k, rich), decode_value(x, rich)) for k, x in v]
+        return {"C": lambda p: collections.Counter(dict(p)), "O": collections.OrderedDict,
+                "dd": lambda p: collections.defaultdict(None, p)}[tag](pairs)
+    if tag in ("dk", "di"):
+        items = [decode_value(x, rich) for x in v]
+        return dict.fromkeys(items).keys() if tag == "dk" else dict(items).items()
+    if tag == "dv":
+        return {i: decode_value(x, rich) for i, x in enumerate(v)}.values()
+    if tag == "dq":
+        return collections.deque(decode_value(x, rich) for x in v)
+    if tag == "it":
+        return iter([decode_value(x, rich) for x in v])
+    raise ValueError(f"malformed encoded value: {str({tag: v})[:80]}")
+
+
+class ObjectTable:
+    """While encoding: the objects of the test's data classes (the import prefix's ``ListNode``, ``TreeNode``...)
+    met so far. They are sent by reference, their fields flat (:func:`encode_data`): a long linked list or a cycle
+    needs no recursion."""
+
+    def __init__(self, accepts):
+        self.accepts, self.nodes, self.index = accepts, [], {}
+
+    def add(self, obj) -> int:
+        k = self.index.get(id(obj))
+        if k is None:
+            k = self.index[id(obj)] = len(self.nodes)
+            self.nodes.append(obj)
+        return k
+
+
+class _Refs:
+    def __init__(self, objs):
+        self.objs = objs
+
+
+def encode_data(value, accepts=None):
+    """``encode_value(value, rich=True)``; objects of a class ``accepts(type)`` takes become ``{"g": [value, nodes]}``,
+    ``nodes`` being ``[class name, [[field, value], ...]]`` of each object (their instance dict)."""
+    if accepts is None:
+        return encode_value(value, rich=True)
+    table = ObjectTable(accepts)
+    top = encode_value(value, rich=table)
+    nodes, k = [], 0
+    while k < len(table.nodes):
+        obj = table.nodes[k]
+        fields = object.__getattribute__(obj, "__dict__")
+        nodes.append([str(type(obj).__name__), [[str(n), encode_value(v, rich=table)] for n, v in dict.items(fields)]])
+        k += 1
+    return {"g": [top, nodes]} if nodes else top
+
+
+def decode_data(data, classes=None):
+    """Inverse of :func:`encode_data`: objects are made of ``classes[name]`` (the receiver's own class: in the
+    trainer, the prefix's pristine one) with their decoded fields as instance attributes, nothing else."""
+    if classes and isinstance(data, dict) and len(data) == 1 and "g" in data:
+        top, nodes = data["g"]
+        objs = [object.__new__(classes[name]) for name, _ in nodes]
+        refs = _Refs(objs)
+        for obj, (_, fields) in zip(objs, nodes):
+            attrs = object.__getattribute__(obj, "__dict__")
+            for name, v in fields:
+                if type(name) is not str or not name.isidentifier() or name.startswith("__"):
+                    raise ValueError(f"malformed field name {str(name)[:40]!r}")
+                attrs[name] = decode_value(v, refs)
+        return decode_value(top, refs)
+    return decode_value(data, True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -487,28 +603,15 @@ def _child_stdio(code_obj, real_stdout, real_os_exit):
 
 
 def _child_call_or_assert(job, test, code_obj, real_os_exit) -> str:
-    """A call or assert test: the JSON payload of encoded data (the return value, or each assert's leaves); exits
-    with status 1 if the program or the test raises."""
+    """A call or assert test: the JSON payload of encoded data (the return value, or the result of each call the
+    trainer asks for); exits with status 1 if the program (or, for a call test, its function) raises."""
     enc = encode_value
     dumps = json.dumps
     payload = None
     kind = job["kind"]
     try:
         ns = {"__name__": "solution", "__builtins__": __builtins__}
-        records = []
-
-        def __or1_record__(k, *leaves):
-            # One executed (rewritten) assert: evaluate its leaves, keep data only. The verdict is the
-            # trainer's, which holds the literals of the assert and evaluates the comparison on the data.
-            vals = []
-            for leaf in leaves:
-                try:
-                    vals.append({"v": enc(leaf())})
-                except BaseException as e:  # noqa: BLE001 - any failure of a leaf is data
-                    vals.append({"e": type(e).__name__})
-            records.append([k, vals])
-
-        ns["__or1_record__"] = __or1_record__
+        state = _BuiltinsState() if kind == "assert" else None  # before any untrusted code: the pristine builtins
         if job.get("prefix"):
             exec(compile(job["prefix"], "<import_prefix>", "exec"), ns)
         exec(code_obj, ns)
@@ -522,10 +625,10 @@ def _child_call_or_assert(job, test, code_obj, real_os_exit) -> str:
             args = decode_value(test["args"])
             result = fn(*args)
             payload = dumps({"value": enc(result)})
-        else:  # assert
-            ns["__or1_record__"] = __or1_record__  # again: the program may have rebound the name
-            exec(compile(test["code"], "<test>", "exec"), ns)
-            payload = dumps({"records": records})
+        else:  # assert: the test itself runs in the trainer; here only the calls it made on the program's names
+            state.to_driver()
+            names = list(job.get("data_classes") or ())
+            payload = dumps({"results": [_serve_call(ns, call, names, state) for call in test["calls"]]})
     except BaseException as e:  # noqa: BLE001
         try:
             os.write(2, f"{type(e).__name__}: {e}\n".encode()[:2000])
@@ -533,6 +636,73 @@ def _child_call_or_assert(job, test, code_obj, real_os_exit) -> str:
             pass
         real_os_exit(1)
     return payload
+
+
+class _BuiltinsState:
+    """The builtins as the driver found them (before any untrusted code) and as the program left them: the program's
+    functions run with its own, the driver's decoding and encoding with the pristine ones, so a program that rebinds
+    ``isinstance`` or ``str`` is judged on what its functions return instead of breaking its own harness."""
+
+    def __init__(self, _copy=dict.copy):
+        import builtins
+
+        self.live = builtins.__dict__
+        self.pristine = _copy(self.live)
+        self.program = None
+
+    def to_driver(self, _copy=dict.copy, _clear=dict.clear, _update=dict.update):
+        self.program = _copy(self.live)
+        _clear(self.live)
+        _update(self.live, self.pristine)
+
+    def to_program(self, _clear=dict.clear, _update=dict.update):
+        _clear(self.live)
+        _update(self.live, self.program)
+
+
+def _serve_call(ns, call, names, state):
+    """One call of the asserts format on the program's namespace ``ns``: ``{"v": value}`` (rich data, plus ``"a"``,
+    the ``[args, kwargs]`` after the call when the call changed them), ``{"e": exception class name}`` or
+    ``{"u": type name}`` (a value that cannot cross as data). ``call``: ``name`` (a program name), ``new`` (the
+    ``[args, kwargs]`` of the class instantiation, or None), ``history`` (earlier method calls on that instance,
+    replayed) and ``call`` (``[attribute path, [args, kwargs]]``). Objects of the test's data classes ``names``
+    cross as such (:func:`encode_data`), made of the classes ``ns`` binds to those names. The program's code runs
+    with the builtins as the program left them, the driver's decoding and encoding with the pristine ones
+    (``state``)."""
+    classes = {n: ns[n] for n in names if isinstance(ns.get(n), type)}
+    accepts = (lambda t: t.__name__ in classes) if classes else None
+    try:
+        new = decode_data(call["new"], classes) if call.get("new") is not None else None
+        history = [(path, decode_data(ak, classes)) for path, ak in call.get("history") or []]
+        path, ak = call["call"]
+        args, kwargs = decode_data(ak, classes)
+    except BaseException:  # noqa: BLE001 - arguments the program's classes refuse to be made of
+        return {"u": "arguments"}
+    state.to_program()
+    try:
+        obj = ns[call["name"]]
+        if new is not None:
+            obj = obj(*new[0], **new[1])
+        for step, (a, k) in [*history, (path, (args, kwargs))]:
+            fn = obj
+            for attr in step:
+                fn = getattr(fn, attr)
+            value = fn(*a, **k)
+    except BaseException as e:  # noqa: BLE001 - the program's exception is data for the test
+        state.to_driver()
+        return {"e": str(type(e).__name__)[:100]}
+    state.to_driver()
+    try:
+        out = {"v": encode_data(value, accepts)}
+    except BaseException:  # noqa: BLE001 - not plain data: the trainer cannot judge it
+        return {"u": str(type(value).__qualname__)[:100]}
+    try:
+        after = encode_data([args, kwargs], accepts)
+        if after != ak:  # only arguments the call changed travel back
+            out["a"] = after
+    except BaseException:  # noqa: BLE001 - arguments that no longer encode are not written back
+        pass
+    return out
 
 
 def _finish_threads():
