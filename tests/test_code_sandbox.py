@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 
@@ -385,12 +386,24 @@ def test_builtins_and_harness_tampering():
 
 
 @needs_bwrap
-def test_samples_run_in_parallel():
-    slow = block("import time\ntime.sleep(1.0)\na, b = map(int, input().split())\nprint(a + b)")
-    t0 = time.monotonic()
-    out = reward([slow] * 4, [{"inputs": ["1 2"], "outputs": ["3"]}] * 4)
-    assert out == [1.0] * 4
-    assert time.monotonic() - t0 < 3.8  # 4 x 1 s on 2 workers ≈ 2 s (+ start-up), serial would be > 4 s
+def test_samples_run_in_parallel(monkeypatch):
+    """Two samples are in the sandbox at once (`num_workers=2`). No clock decides it: the first sample to enter waits
+    there until a second has entered, which cannot happen if samples ran one after another."""
+    sandbox, inside, lock = reward.sandbox, [], threading.Lock()
+    both_in = threading.Event()
+    run = sandbox._run
+
+    def counted(*args, **kwargs):
+        with lock:
+            inside.append(threading.current_thread().name)
+            if len(inside) >= 2:
+                both_in.set()
+        assert both_in.wait(120), "no second sample entered the sandbox while the first was in it"
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(sandbox, "_run", counted)
+    out = reward([HONEST_STDIO] * 4, [ADD_STDIO] * 4)
+    assert out == [1.0] * 4 and len(inside) == 4 and len(set(inside[:2])) == 2
 
 
 @pytest.mark.parametrize("which", ["system", "wheel"])
