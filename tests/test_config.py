@@ -1,6 +1,7 @@
 """OR1Config: the paper's defaults, presets, and clear errors on bad input."""
 
 import dataclasses
+import typing
 import math
 import os
 import warnings
@@ -203,7 +204,11 @@ def test_range_bounds_are_accepted(tmp_path, name):
 
 def test_every_numeric_field_has_a_range_or_a_reason():
     """A numeric field added to OR1Config (or by a TRL/transformers upgrade) must be classified here."""
-    numeric = {f.name for f in dataclasses.fields(OR1Config) if "int" in str(f.type) or "float" in str(f.type)}
+    # The declared types (transformers' HfArgumentParser rewrites `field.type` in place once a parser is built, e.g.
+    # `int | str | None` to `str`, so a CLI test earlier in the session would hide a field).
+    hints = typing.get_type_hints(OR1Config)
+    numeric = {f.name for f in dataclasses.fields(OR1Config)
+               if "int" in str(hints[f.name]) or "float" in str(hints[f.name])}
     assert numeric - set(FIELD_RANGES) - set(UNCHECKED) == set()
     assert set(FIELD_RANGES) | set(UNCHECKED) <= numeric  # no stale entries
     assert not set(FIELD_RANGES) & set(UNCHECKED)

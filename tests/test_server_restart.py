@@ -155,20 +155,9 @@ def test_a_server_down_too_long_stops_with_a_complete_checkpoint_and_resume_uses
     assert logged(resumed, RESYNCS_METRIC)[-2:] == [0, 0]
 
 
-def running_requests(server) -> tuple[float, str]:
-    """`vllm:num_requests_running` from the server's Prometheus `/metrics` (0 when it does not answer), and what was
-    read (for the failure message)."""
-    try:
-        text = requests.get(f"{server.url}/metrics", headers=server.headers, timeout=30).text
-    except requests.RequestException as error:
-        return 0.0, repr(error)
-    lines = [line for line in text.splitlines() if line.startswith("vllm:num_requests_running")]
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines), repr(lines)
-
-
 def test_a_request_cut_off_by_the_server_dying_is_asked_again_once_it_is_back_and_resynced(server, tmp_path):
-    """The server is killed by pid while it generates (once its `/metrics` show the request running, so no clock
-    decides whether the kill lands mid-request) and restarted: the client's request fails past its retries, the watch
+    """The server is killed by pid as the generation request goes out (the client's session says when it sends it, so
+    no clock decides whether the kill meets the request) and restarted: the request fails past its retries, the watch
     waits, resyncs the new server and asks again; the completions it returns are scored by the pushed weights (not
     the server's initial ones)."""
     model, tokenizer = tiny_model_and_tokenizer(seed=5, tie_word_embeddings=True)  # the server started with seed 0
@@ -178,26 +167,27 @@ def test_a_request_cut_off_by_the_server_dying_is_asked_again_once_it_is_back_an
     sync.push(model.named_parameters())
     prompt = tokenizer("MIX: 3+3=? A:")["input_ids"]
     request = dict(prompts=[prompt], n=8, max_tokens=900, generation_kwargs={"ignore_eos": True, "seed": 0})
-    killed, answered = {}, threading.Event()
+    sending, send, killed = threading.Event(), client.session.send, {}
+
+    def send_and_tell(prepared, **kwargs):
+        if prepared.method == "POST" and prepared.url.endswith("/v1/completions"):
+            sending.set()
+        return send(prepared, **kwargs)
 
     def kill_and_restart():
-        while not answered.is_set():
-            running, killed["read"] = running_requests(server)
-            if running >= 1:  # the request is on the server: a kill now cuts it off
-                killed["pid"] = server.process.pid
-                server.kill()
-                server.start()
-                return
-            time.sleep(0.01)
+        if sending.wait(600):
+            killed["pid"] = server.process.pid
+            server.kill()
+            server.start()
 
+    client.session.send = send_and_tell
     restart = threading.Thread(target=kill_and_restart)
     restart.start()
     try:
         output = client.generate(**request)
     finally:
-        answered.set()
+        sending.set()
         restart.join()
-    assert "pid" in killed, f"the request was answered before the server's metrics showed it running: {killed}"
     assert server.process.pid != killed["pid"]  # it went through a restart
     assert sync.watch.resyncs == 1 and sync.server_versions() == {1}
     completion = output["completion_ids"][0]
