@@ -156,10 +156,11 @@ def test_a_server_down_too_long_stops_with_a_complete_checkpoint_and_resume_uses
 
 
 def test_a_request_cut_off_by_the_server_dying_is_asked_again_once_it_is_back_and_resynced(server, tmp_path):
-    """The server is killed by pid as the generation request goes out (the client's session says when it sends it, so
-    no clock decides whether the kill meets the request) and restarted: the request fails past its retries, the watch
-    waits, resyncs the new server and asks again; the completions it returns are scored by the pushed weights (not
-    the server's initial ones)."""
+    """The server is killed by pid as the generation request goes out (the client's session kills it just before it
+    sends the request, after the watch found it healthy and holding the pushed weights: no clock decides whether the
+    request meets a dead server) and restarted (~30 s, longer than the session's retries): the request fails past its
+    retries, the watch waits, resyncs the new server and asks again; the completions it returns are scored by the
+    pushed weights (not the server's initial ones)."""
     model, tokenizer = tiny_model_and_tokenizer(seed=5, tie_word_embeddings=True)  # the server started with seed 0
     client = http_vllm_client(base_url=server.url, connection_timeout=60, api_key=server.api_key)
     sync = DiskWeightSync(server.url, str(tmp_path), client.session, server_timeout=600)
@@ -167,27 +168,22 @@ def test_a_request_cut_off_by_the_server_dying_is_asked_again_once_it_is_back_an
     sync.push(model.named_parameters())
     prompt = tokenizer("MIX: 3+3=? A:")["input_ids"]
     request = dict(prompts=[prompt], n=8, max_tokens=900, generation_kwargs={"ignore_eos": True, "seed": 0})
-    sending, send, killed = threading.Event(), client.session.send, {}
+    send, killed = client.session.send, {}
 
-    def send_and_tell(prepared, **kwargs):
-        if prepared.method == "POST" and prepared.url.endswith("/v1/completions"):
-            sending.set()
-        return send(prepared, **kwargs)
-
-    def kill_and_restart():
-        if sending.wait(600):
+    def kill_then_send(prepared, **kwargs):
+        if prepared.method == "POST" and prepared.url.endswith("/v1/completions") and not killed:
             killed["pid"] = server.process.pid
             server.kill()
-            server.start()
+            killed["restart"] = threading.Thread(target=server.start)
+            killed["restart"].start()
+        return send(prepared, **kwargs)
 
-    client.session.send = send_and_tell
-    restart = threading.Thread(target=kill_and_restart)
-    restart.start()
+    client.session.send = kill_then_send
     try:
         output = client.generate(**request)
     finally:
-        sending.set()
-        restart.join()
+        if "restart" in killed:
+            killed["restart"].join()
     assert server.process.pid != killed["pid"]  # it went through a restart
     assert sync.watch.resyncs == 1 and sync.server_versions() == {1}
     completion = output["completion_ids"][0]
