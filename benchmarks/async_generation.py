@@ -33,7 +33,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.serve import start_server
+from or1_trl.generation.serve import start_server
 from or1_trl.testing import CPU_RUN, VLLM_CPU_ARGS, save_tiny_model, tiny_model_and_tokenizer, vllm_python
 from step_time import GROUP, StepClock, scripted_reward, spread
 

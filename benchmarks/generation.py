@@ -34,10 +34,10 @@ import time
 
 import torch
 
-from or1_trl.demo import addition_dataset
-from or1_trl.serve import start_server
+from or1_trl.cli.demo_run import addition_dataset
+from or1_trl.generation.serve import start_server
 from or1_trl.testing import VLLM_CPU_ARGS, save_tiny_model, tiny_model, tiny_tokenizer, vllm_python
-from or1_trl.weight_sync import SYNC_PHASES, TMPFS, DiskWeightSync, http_vllm_client
+from or1_trl.generation.weight_sync import SYNC_PHASES, TMPFS, DiskWeightSync, http_vllm_client
 
 PROMPTS, GROUP = 16, 8
 # Qwen2.5-0.5B's shape (random weights): what "0.5b" means below.

@@ -23,7 +23,7 @@ reported: avg@4 on the 70 RL problems at the start and the end, and the policy's
 (the same measurement for both trainers; each trainer's own logged entropy differs: OR1's is over kept tokens).
 
 Each seed s (0..4) builds its own starting model: the tiny model initialised with seed s and an SFT warm-up (TRL's
-`SFTTrainer`, `or1_trl.demo.warm_up`: batch 32, lr 3e-3, about 19 examples per addition problem: 60 steps for toy
+`SFTTrainer`, `or1_trl.cli.demo_run.warm_up`: batch 32, lr 3e-3, about 19 examples per addition problem: 60 steps for toy
 (i), 120 for toy (ii) whose SFT data also holds the copy prompts); both arms of a comparison start from that same
 model (saved once, loaded afresh per arm) and train with seed s (paired by seed). Ratios are OR1 / GRPO of the means
 over seeds; the interval is the 2.5–97.5% percentile of 10,000 paired bootstrap resamples of the seeds.
@@ -90,7 +90,7 @@ from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.demo import warm_up
+from or1_trl.cli.demo_run import warm_up
 from or1_trl.rewards import math_reward
 from or1_trl.testing import CPU_RUN, tiny_model_and_tokenizer
 
@@ -320,7 +320,7 @@ def start_server(workdir: str) -> None:
     run's first weight sync replaces its weights with the run's own."""
     import socket
 
-    from or1_trl.serve import start_server as serve
+    from or1_trl.generation.serve import start_server as serve
     from or1_trl.testing import VLLM_CPU_ARGS, save_tiny_model, vllm_python
 
     if vllm_python() is None:

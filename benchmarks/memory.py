@@ -10,7 +10,7 @@ the entropy bonus on):
 
 - naive: `[N, V]` logits = hidden · Wᵀ, log-softmax, the label's log-prob and the entropy (GRPO before fused heads);
 - trl: TRL 1.16's fused-head kernel `ChunkedLogProbFunction` (off CUDA: its PyTorch fold in [4096, 32768] tiles);
-- liger: `or1_trl.logprobs.LigerLogProbFunction`, Liger's kernel exactly as `logprob_backend="liger"` calls it here.
+- liger: `or1_trl.trainer.logprobs.LigerLogProbFunction`, Liger's kernel exactly as `logprob_backend="liger"` calls it here.
 
 Part 2, the step: one OR1 training step (`OR1Trainer.train()` for one step: reward, the MAGIC loss, backward, AdamW)
 of a random model with Qwen2.5-0.5B's shapes (vocabulary 151,936, hidden 896, 14 heads / 2 KV heads, MLP 4,864, tied
@@ -52,7 +52,7 @@ from transformers.utils import logging as hf_logging
 from trl import GRPOTrainer
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.logprobs import LigerLogProbFunction
+from or1_trl.trainer.logprobs import LigerLogProbFunction
 from or1_trl.testing import CPU_RUN, tiny_tokenizer
 
 BACKENDS = ("naive", "trl", "liger")

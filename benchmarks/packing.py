@@ -9,7 +9,7 @@ them: 70% short (a tenth of the cap), 30% at the cap (mean length ≈ 0.37× the
 padding: completions of 80–100% of a 32-token cap). Two models: the tiny one (`or1_trl.testing`, 2 layers, hidden
 64) and a deeper one (8 layers, hidden 256, same vocabulary). Each pass runs through TRL's fused LM head
 (`add_fused_lm_head`) exactly as `GRPOTrainer` runs it: padded (`[B, P+C]` with the attention mask, TRL's path) or
-packed (`or1_trl/packing.py`: the rows' real tokens end to end in packed rows at most the longest sequence wide,
+packed (`or1_trl/trainer/packing.py`: the rows' real tokens end to end in packed rows at most the longest sequence wide,
 `position_ids` restarting per sequence), in one forward (no budget) or under a token budget of twice the longest
 sequence (several forwards, all but the last activation-checkpointed: one more forward of their tokens). Padded and
 packed alternate within each repeat, after one warm-up of each; the median of `--repeats` is reported. **fill** = real tokens / token slots
@@ -34,7 +34,7 @@ import torch
 from trl.trainer.utils import add_fused_lm_head
 
 from memory import peak_in_fresh_process
-from or1_trl.packing import fused_head_forward, packed_logps_and_entropies
+from or1_trl.trainer.packing import fused_head_forward, packed_logps_and_entropies
 from or1_trl.testing import tiny_model_and_tokenizer
 
 PROMPT = 32

@@ -4,7 +4,7 @@
         [--real-lengths 64 256 1024 4096] [--real-sequences 64] [--markdown FILE]
     python benchmarks/rollout_correction.py --quick      # seconds-scale smoke run (the tests use it)
 
-For each completion length and each mode (`or1_trl/rollout_correction.py`: `off`, `token_truncate`,
+For each completion length and each mode (`or1_trl/recipe/rollout_correction.py`: `off`, `token_truncate`,
 `geo_mask_token_truncate` at the default cap, and TRL 1.16's default `sequence_mask` with clip_max 3, mirrored by
 `trl_weights`), over all tokens of all sequences of that length:
 
@@ -37,12 +37,12 @@ import time
 
 import torch
 
-from or1_trl.demo import addition_dataset
-from or1_trl.rollout_correction import (DEFAULT_CAP, DEFAULT_ROLLOUT_CORRECTION, correction_weights, row_stats,
+from or1_trl.cli.demo_run import addition_dataset
+from or1_trl.recipe.rollout_correction import (DEFAULT_CAP, DEFAULT_ROLLOUT_CORRECTION, correction_weights, row_stats,
                                         token_log_ratios, trl_weights)
-from or1_trl.serve import start_server
+from or1_trl.generation.serve import start_server
 from or1_trl.testing import save_tiny_model, tiny_model, tiny_tokenizer, vllm_python
-from or1_trl.weight_sync import http_vllm_client
+from or1_trl.generation.weight_sync import http_vllm_client
 
 # Synthetic (μ, σ, τ): per-token log-ratio μ + σ·noise, plus a per-sequence offset of spread τ.
 SETTINGS = ((0.0, 0.01, 0.0), (0.0, 0.03, 0.0), (1e-4, 0.01, 0.0), (0.0, 0.03, 0.4))

@@ -7,7 +7,7 @@
         --model_name_or_path <model> --dataset_name <dataset> --output_dir outputs/run
 
 With arguments it is `or1-trl train`: every `OR1Config` / `GRPOConfig` field and TRL's `ModelConfig` fields are
-flags (`python examples/train_or1.py --help`); the code is `or1_trl/cli/train.py` and `or1_trl/run.py`. The demo with options: `or1-trl demo
+flags (`python examples/train_or1.py --help`); the code is `or1_trl/cli/train.py` and `or1_trl/cli/run.py`. The demo with options: `or1-trl demo
 --help`.
 """
 

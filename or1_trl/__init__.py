@@ -16,17 +16,17 @@ __version__ = "0.1.0"
 
 #: public name -> submodule that defines it
 _LAZY = {
-    "AdaptiveEntropyController": ".entropy",
-    "OR1Config": ".config",
-    "OR1Trainer": ".trainer",
+    "AdaptiveEntropyController": ".recipe.entropy",
+    "OR1Config": ".trainer.or1_config",
+    "OR1Trainer": ".trainer.or1_trainer",
 }
 
 __all__ = ["AdaptiveEntropyController", "OR1Config", "OR1Trainer", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from .config import OR1Config
-    from .entropy import AdaptiveEntropyController
-    from .trainer import OR1Trainer
+    from .recipe.entropy import AdaptiveEntropyController
+    from .trainer.or1_config import OR1Config
+    from .trainer.or1_trainer import OR1Trainer
 
 
 def __getattr__(name: str):

@@ -42,7 +42,7 @@ def answer_model_dir(tmp_path_factory):
     from datasets import Dataset
     from transformers import set_seed
 
-    from or1_trl.demo import addition_dataset, warm_up
+    from or1_trl.cli.demo_run import addition_dataset, warm_up
     from or1_trl.testing import save_tiny_model, tiny_model_and_tokenizer
 
     set_seed(0)
@@ -80,7 +80,7 @@ class VLLMServer:
         import socket
         import sys
 
-        from or1_trl.serve import API_KEY_ENV
+        from or1_trl.generation.serve import API_KEY_ENV
         from or1_trl.testing import VLLM_CPU_ARGS, save_tiny_model, tiny_model_and_tokenizer
 
         # Tied embeddings: the case where vLLM's CPU backend keeps a stale lm_head unless the extension re-packs it.
@@ -105,7 +105,7 @@ class VLLMServer:
     def start(self):
         import subprocess
 
-        from or1_trl.serve import wait_for_health
+        from or1_trl.generation.serve import wait_for_health
 
         self._log = open(self.log_path, "a")
         self.process = subprocess.Popen(self._command, stdout=self._log, stderr=subprocess.STDOUT,
@@ -164,7 +164,7 @@ def vllm_server(tmp_path_factory):
     exports it: clients that take the key from the environment (`ServerBackend`, `or1-trl eval`, the trainer) reach
     the server unchanged. Every training run syncs its own weights first, so tests need not restore it. Skips when
     the vLLM venv (`scripts/install_vllm_cpu.sh`) is missing, fails instead with ``OR1_REQUIRE_VLLM=1`` (CI)."""
-    from or1_trl.serve import API_KEY_ENV
+    from or1_trl.generation.serve import API_KEY_ENV
 
     server = _start_server(tmp_path_factory, "vllm")
     previous = os.environ.get(API_KEY_ENV)

@@ -1,4 +1,4 @@
-"""One-step-off rollouts in training (`OR1Config.async_generation`, `or1_trl/overlap.py`) on the real vLLM CPU
+"""One-step-off rollouts in training (`OR1Config.async_generation`, `or1_trl/generation/overlap.py`) on the real vLLM CPU
 server: while update k runs, the server generates step k+1's rollout from the weights update k−1 left; every OR1
 feature runs with it; a stage boundary and a resume start from a rollout of the current weights."""
 

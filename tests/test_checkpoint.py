@@ -1,4 +1,4 @@
-"""Checkpoints and the output directory (`or1_trl/checkpoint.py`).
+"""Checkpoints and the output directory (`or1_trl/trainer/checkpoint.py`).
 
 - A run killed while saving resumes from the last complete checkpoint. The kill is simulated by an exception raised
   at the exact point on disk where a SIGKILL would leave the folder: right after transformers wrote
@@ -23,7 +23,8 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import TrainerState
 
-from or1_trl import OR1Config, OR1Trainer, checkpoint, cli
+from or1_trl import OR1Config, OR1Trainer, cli
+from or1_trl.trainer import checkpoint
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
 from .test_trainer import logged, parity_reward, tagged_dataset
@@ -246,9 +247,9 @@ def test_resume_skips_a_checkpoint_whose_files_do_not_match_its_marker(tmp_path,
         make_trainer(out, **TWO_STEPS).train(resume_from_checkpoint=str(out / "checkpoint-2"))
 
     resumed = make_trainer(out, **TWO_STEPS)
-    with caplog.at_level(logging.WARNING, logger="or1_trl.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="or1_trl.trainer.checkpoint"):
         resumed.train(resume_from_checkpoint=True)
-    messages = [r.getMessage() for r in caplog.records if r.name == "or1_trl.checkpoint"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "or1_trl.trainer.checkpoint"]
     assert len(messages) == 2
     assert messages[0].startswith(f"Skipping {out}/checkpoint-2 for resume: ")
     assert re.search(reason, messages[0]), messages[0]
@@ -336,7 +337,7 @@ def test_resume_true_continues_and_keeps_the_earlier_statistics(tmp_path, two_st
 def test_overwrite_output_dir_starts_over(tmp_path, two_step_run, caplog):
     out = copy_run(two_step_run, tmp_path)
     trainer = make_trainer(out, **{**TWO_STEPS, "max_steps": 1, "overwrite_output_dir": True})
-    with caplog.at_level(logging.WARNING, logger="or1_trl.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="or1_trl.trainer.checkpoint"):
         trainer.train()
     assert (f"overwrite_output_dir=True: starting over in {out}, removed the previous run's "
             "['checkpoint-1', 'checkpoint-2', 'prompt_stats.jsonl'].") in caplog.messages
@@ -397,7 +398,7 @@ def test_full_disk_is_one_line_and_the_previous_checkpoint_stays(small_disk, fai
 def test_demo_starts_over_in_its_own_directory_and_says_so(tmp_path, two_step_run, capsys):
     """The README's first command is the exception: run again, it replaces its previous run (a 2-step demo, then a
     1-step one: one checkpoint and one step of statistics left) and says so; another run's directory is refused."""
-    from or1_trl.demo import run_demo
+    from or1_trl.cli.demo_run import run_demo
 
     out = tmp_path / "demo"
     demo = dict(sft_steps=1, save_strategy="steps", save_steps=1, per_device_train_batch_size=16)

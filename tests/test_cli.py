@@ -199,7 +199,7 @@ def test_paper_recipes_parse(recipe, prompts_per_rollout, group, sgd_steps, cont
 def test_dataset_name_reads_local_files_folders_and_trls_data_files(tmp_path):
     from datasets import Dataset
 
-    from or1_trl.data import load_data
+    from or1_trl.data.released import load_data
 
     rows = [{"prompt": f"{i}+1=?", "answer": str(i + 1)} for i in range(5)]
     table = Dataset.from_list(rows)
@@ -358,7 +358,7 @@ def test_one_weight_sync_default_for_the_trainer_and_serve(monkeypatch, tmp_path
     import torch
 
     from or1_trl.cli import ServeArguments
-    from or1_trl.serve import default_weight_sync
+    from or1_trl.generation.serve import default_weight_sync
 
     assert OR1Config(output_dir=str(tmp_path), use_cpu=True).vllm_weight_sync == "disk" == default_weight_sync(True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the rule's CUDA branch, on this CPU machine

@@ -18,7 +18,7 @@ import operator
 
 import pytest
 
-from or1_trl.data import SKYWORK_IMPORT_PROMPT, code_tests
+from or1_trl.data.released import SKYWORK_IMPORT_PROMPT, code_tests
 from or1_trl.rewards.code import CodeReward
 from or1_trl.rewards.sandbox import SandboxUnavailable
 

@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from or1_trl import OR1Config
-from or1_trl.ranges import FIELD_RANGES, UNCHECKED, check_ranges
+from or1_trl.recipe.ranges import FIELD_RANGES, UNCHECKED, check_ranges
 from or1_trl.testing import tiny_training_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -124,7 +124,7 @@ def test_bad_lengths_and_output_dirs(tmp_path, overrides, message):
         OR1Config(**{**tiny_training_args(tmp_path), **overrides})
 
 
-# --- every numeric field in its range (or1_trl/ranges.py) ---------------------------------------------------------
+# --- every numeric field in its range (or1_trl/recipe/ranges.py) ---------------------------------------------------------
 
 # Other checks a boundary value meets, and the fields set beside it so that only the range is tested.
 BESIDE = {

@@ -11,7 +11,7 @@ from datasets import Dataset, load_dataset
 
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.cli import main
-from or1_trl.data import (
+from or1_trl.data.released import (
     SKYWORK_IMPORT_PROMPT,
     InvalidRow,
     code_tests,

@@ -9,12 +9,12 @@ import pytest
 from datasets import Dataset, load_dataset
 
 from or1_trl.cli import main
-from or1_trl.data import filter_by_difficulty, prompt_text
-from or1_trl.demo import addition_dataset
-from or1_trl.difficulty import estimate_difficulty
+from or1_trl.data.released import filter_by_difficulty, prompt_text
+from or1_trl.cli.demo_run import addition_dataset
+from or1_trl.data.difficulty import estimate_difficulty
 from or1_trl.rewards import CodeReward, MathReward
 from or1_trl.rewards.sandbox import SandboxUnavailable
-from or1_trl.sampling import Completion
+from or1_trl.generation.sampling import Completion
 from tests.helpers import released_features, released_row
 
 MATH_REWARD = MathReward(num_workers=0)  # in-process: the scripted answers are short

@@ -17,8 +17,8 @@ from safetensors import safe_open
 
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
-from or1_trl.server_health import WeightsRefusedError
-from or1_trl.weight_sync import HEADER_BYTES, SYNC_PHASES, DiskWeightSync, private_dir, write_safetensors
+from or1_trl.generation.server_health import WeightsRefusedError
+from or1_trl.generation.weight_sync import HEADER_BYTES, SYNC_PHASES, DiskWeightSync, private_dir, write_safetensors
 
 from .conftest import _start_server
 from .test_trainer import ScriptedReward, logged, tagged_dataset
@@ -223,7 +223,7 @@ def merged_logprobs(peft, tokens):
 
 
 def test_serve_enable_lora_sets_vllms_flags_and_runtime_updates(monkeypatch):
-    from or1_trl.serve import build_command
+    from or1_trl.generation.serve import build_command
 
     monkeypatch.delenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", raising=False)
     argv, env = build_command("m", "disk", enable_lora=True, max_lora_rank=32)
@@ -420,9 +420,9 @@ def test_default_dir_falls_back_to_the_output_dir_with_one_warning_on_any_error(
     os.chown(theirs, OTHER_UID, OTHER_UID)
     fallback = tmp_path / "out" / "_vllm_sync"
     sync = DiskWeightSync("http://127.0.0.1:9", str(tmp_path / "unused"))  # the server is never asked
-    with caplog.at_level(logging.WARNING, logger="or1_trl.weight_sync"):
+    with caplog.at_level(logging.WARNING, logger="or1_trl.generation.weight_sync"):
         line = sync.use_default_dir(str(fallback), needed_bytes=1, tmpfs=str(theirs))
-    warnings = [r.getMessage() for r in caplog.records if r.name == "or1_trl.weight_sync"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "or1_trl.generation.weight_sync"]
     assert len(warnings) == 1 and f"belongs to uid {OTHER_UID}" in warnings[0] and str(fallback) in warnings[0]
     assert sync.sync_dir == str(fallback) and sync.file_mode == 0o666 and str(fallback) in line
     assert os.listdir(theirs) == []
@@ -460,7 +460,7 @@ def test_the_folder_check_takes_only_complete_safetensors_under_a_sync_root(tmp_
     passes; headers that are not safetensors', a missing tensor, or no sync root at all are one-line refusals."""
     import struct
 
-    from or1_trl.vllm_ext.or1_vllm_worker import SYNC_ROOTS_ENV, check_weights_dir
+    from or1_trl.generation.vllm_ext.or1_vllm_worker import SYNC_ROOTS_ENV, check_weights_dir
 
     monkeypatch.setenv(SYNC_ROOTS_ENV, str(tmp_path))
     tensors = {"a": torch.ones(3), "b": torch.zeros(2, 2)}
@@ -563,8 +563,8 @@ def test_a_push_the_server_refuses_stops_training_with_a_checkpoint_in_one_line(
 
     from transformers import AutoModelForCausalLM, TrainerCallback
 
-    from or1_trl import checkpoint
-    from or1_trl.server_health import ServerDownError
+    from or1_trl.trainer import checkpoint
+    from or1_trl.generation.server_health import ServerDownError
 
     class CutsThePushesAfterStep1(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):

@@ -20,9 +20,9 @@ import torch
 from datasets import Dataset
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.rejection import WEIGHT_KEY
+from or1_trl.recipe.rejection import WEIGHT_KEY
 from or1_trl.testing import save_tiny_model, tiny_training_args
-from or1_trl.trainer import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY
+from or1_trl.trainer.or1_trainer import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY
 from tests.test_loss_reference import _fixed_batch, _reference_logps_entropy
 from tests.test_trainer import ScriptedReward, logged, tagged_dataset
 

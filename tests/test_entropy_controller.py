@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from or1_trl.entropy import ENTROPY_PRESETS, AdaptiveEntropyController
+from or1_trl.recipe.entropy import ENTROPY_PRESETS, AdaptiveEntropyController
 
 
 def reference_eq_3_2(entropies, tgt, delta, c_min, c_max):

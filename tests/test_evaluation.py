@@ -1,4 +1,4 @@
-"""`or1-trl eval` (`or1_trl/evaluation.py`): the metrics against hand computations, the intervals, the command
+"""`or1-trl eval` (`or1_trl/eval/evaluation.py`): the metrics against hand computations, the intervals, the command
 end to end on the tiny answer model (conftest `answer_model_dir`) with a local 10-problem file, resume, bad input."""
 
 import itertools
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from or1_trl.cli import main
-from or1_trl.demo import addition_dataset
-from or1_trl.evaluation import (
+from or1_trl.cli.demo_run import addition_dataset
+from or1_trl.eval.evaluation import (
     SUMMARY_JSON,
     SUMMARY_MD,
     Problem,
@@ -27,7 +27,7 @@ from or1_trl.evaluation import (
     summarize,
 )
 from or1_trl.rewards import MathReward
-from or1_trl.sampling import HFBackend, SamplingSettings
+from or1_trl.generation.sampling import HFBackend, SamplingSettings
 
 
 def brute_force_pass_at_k(correct: list[bool], k: int) -> float:

@@ -103,9 +103,9 @@ def test_graph_holds_function_level_imports():
     graph = import_graph()
     # `AbilityReward` needs its inner reward's columns: a module-level import of the leaf module `rewards.columns`.
     assert "or1_trl.rewards.columns" in graph["or1_trl.rewards.mixed"]
-    assert "or1_trl.rewards.columns" in graph["or1_trl.data"]
+    assert "or1_trl.rewards.columns" in graph["or1_trl.data.released"]
     # `data.released_format_inputs` imports the rewards inside a function: counted.
-    assert "or1_trl.rewards" in graph["or1_trl.data"]
+    assert "or1_trl.rewards" in graph["or1_trl.data.released"]
     assert graph["or1_trl.rewards.columns"] == {}
 
 

@@ -1,4 +1,4 @@
-"""`logprob_backend` (`or1_trl/logprobs.py`): Liger's log-prob/entropy head against a plain computation and against
+"""`logprob_backend` (`or1_trl/trainer/logprobs.py`): Liger's log-prob/entropy head against a plain computation and against
 TRL's fused head.
 
 At fp32 on CPU both backends give the same log-probs, entropies, loss, gradient, update and logged metrics within
@@ -16,8 +16,8 @@ from trl.kernels import ChunkedLogProbFunction
 from trl.trainer.utils import add_fused_lm_head
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.logprobs import LigerLogProbFunction, liger_logps_and_entropy, resolve_logprob_backend, use_liger_head
-from or1_trl.rejection import WEIGHT_KEY
+from or1_trl.trainer.logprobs import LigerLogProbFunction, liger_logps_and_entropy, resolve_logprob_backend, use_liger_head
+from or1_trl.recipe.rejection import WEIGHT_KEY
 from or1_trl.testing import save_tiny_model, tiny_model, tiny_model_and_tokenizer, tiny_tokenizer, tiny_training_args
 
 from .test_loss_reference import _fixed_batch

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from or1_trl.loss import Normaliser, magic_loss, selected_tokens_normaliser
+from or1_trl.recipe.loss import Normaliser, magic_loss, selected_tokens_normaliser
 
 ENTROPIES = torch.tensor([[0.5, 0.2, 0.9], [0.1, 0.4, 0.0], [0.3, 0.3, 0.3]])  # [b=3, T=3]
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])  # row 2 rejected

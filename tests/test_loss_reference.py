@@ -10,8 +10,8 @@ import torch
 from datasets import Dataset
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.rejection import WEIGHT_KEY
-from or1_trl.trainer import KEPT_ROWS_KEY
+from or1_trl.recipe.rejection import WEIGHT_KEY
+from or1_trl.trainer.or1_trainer import KEPT_ROWS_KEY
 from or1_trl.testing import tiny_training_args as cpu_args
 
 B, P, T = 8, 5, 7  # rows, prompt length, completion length

@@ -14,9 +14,9 @@ import yaml
 
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.cli import main
-from or1_trl.demo import addition_dataset
-from or1_trl.evaluation import SUMMARY_JSON, summarize
-from or1_trl.model_card import EVAL_END, EVAL_START, SECTION_START
+from or1_trl.cli.demo_run import addition_dataset
+from or1_trl.eval.evaluation import SUMMARY_JSON, summarize
+from or1_trl.eval.model_card import EVAL_END, EVAL_START, SECTION_START
 from or1_trl.rewards import MathReward
 from or1_trl.testing import save_tiny_model, tiny_training_args
 

@@ -1,4 +1,4 @@
-"""`or1_trl.observability`: the step time split, training accuracy, the entropy warnings; and what a run logs."""
+"""`or1_trl.trainer.observability`: the step time split, training accuracy, the entropy warnings; and what a run logs."""
 
 import json
 import math
@@ -12,7 +12,7 @@ import torch
 from datasets import Dataset
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.observability import EntropyWatch, StepTimer, StepTimerCallback, accuracy_metrics
+from or1_trl.trainer.observability import EntropyWatch, StepTimer, StepTimerCallback, accuracy_metrics
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
 
@@ -156,7 +156,7 @@ def test_entropy_warnings_are_logged_once_during_training(tmp_path, caplog):
                          train_dataset=prompts(), processing_class=tokenizer)
     hf_logging.enable_propagation()
     try:
-        with caplog.at_level("WARNING", logger="or1_trl.trainer"):
+        with caplog.at_level("WARNING", logger="or1_trl.trainer.or1_trainer"):
             trainer.train()
     finally:
         hf_logging.disable_propagation()
@@ -249,7 +249,7 @@ def test_run_logs_time_split_and_accuracy_and_wandb_files_hold_them(tmp_path, mo
     assert sum(e["time/step_s"] for e in steps) <= runtime
 
     # The final state is in output_dir (no checkpoint was saved), whole: `or1-trl plot` draws all four figures from it.
-    from or1_trl.plot import load_run, plot_run
+    from or1_trl.eval.plot import load_run, plot_run
 
     assert load_run(str(tmp_path / "run")).entries == steps
     written, skipped = plot_run(str(tmp_path / "run"))

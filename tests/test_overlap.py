@@ -1,4 +1,4 @@
-"""One-step-off rollouts (`or1_trl/overlap.py`, `OR1Config.async_generation`): the generation request on one background
+"""One-step-off rollouts (`or1_trl/generation/overlap.py`, `OR1Config.async_generation`): the generation request on one background
 thread, timed (overlap), tagged with its weights version (staleness), errors and shutdown; a real request to the
 vLLM CPU server off the training thread; and the loss on a one-update-stale batch against the plain PPO-clip
 objective whose π_old is the generating policy (`docs/async_generation.md`)."""
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from or1_trl import OR1Config
-from or1_trl.overlap import THREAD_NAME, Rollout, RolloutPrefetch, StaleRolloutError, rollout_threads
-from or1_trl.rollout_correction import correction_weights
+from or1_trl.generation.overlap import THREAD_NAME, Rollout, RolloutPrefetch, StaleRolloutError, rollout_threads
+from or1_trl.recipe.rollout_correction import correction_weights
 from or1_trl.testing import tiny_training_args
 
 GENERATION_S = 0.3
@@ -197,7 +197,7 @@ def test_a_server_request_runs_off_the_training_thread_and_equals_a_synchronous_
     thread runs torch work; what it returns equals the same request (same seed) made synchronously. No clock decides
     the outcome: the request waits until the training thread has stepped, and the training thread steps until the
     rollout is ready."""
-    from or1_trl.weight_sync import http_vllm_client
+    from or1_trl.generation.weight_sync import http_vllm_client
 
     client = http_vllm_client(base_url=vllm_server.url, api_key=vllm_server.api_key)
     prompts = [[5, 9, 13, 17], [6, 7, 11]]
@@ -253,7 +253,7 @@ def _stale_batch(trainer, lr):
 
 def _clipped(logps, old, batch, eps_low=0.2, eps_high=0.2, weight=1.0):
     """Plain PPO-clip of eq. 3.1 over the kept tokens, ratio to `old`, each token weighted by `weight`."""
-    from or1_trl.rejection import WEIGHT_KEY
+    from or1_trl.recipe.rejection import WEIGHT_KEY
 
     kept = batch["completion_mask"].float() * batch[WEIGHT_KEY][:, None]
     A, ratio = batch["advantages"][:, None], torch.exp(logps - old)

@@ -1,4 +1,4 @@
-"""Padding-free log-prob passes (`or1_trl/packing.py`, `OR1Config.padding_free`): the same per-token log-probs and
+"""Padding-free log-prob passes (`or1_trl/trainer/packing.py`, `OR1Config.padding_free`): the same per-token log-probs and
 entropies as TRL's padded pass, the same training run, fewer token slots."""
 
 from contextlib import nullcontext
@@ -8,8 +8,8 @@ import torch
 from trl.trainer.utils import add_fused_lm_head
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.logprobs import liger_available, use_liger_head
-from or1_trl.packing import build_pack, fused_head_forward, packed_logps_and_entropies, plan_forwards
+from or1_trl.trainer.logprobs import liger_available, use_liger_head
+from or1_trl.trainer.packing import build_pack, fused_head_forward, packed_logps_and_entropies, plan_forwards
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
 from .test_trainer import logged, parity_reward, tagged_dataset
@@ -162,7 +162,7 @@ def test_packing_settings_are_checked_before_training(tmp_path):
 def test_sharded_models_are_refused_with_the_fix():
     from accelerate.utils import DistributedType
 
-    from or1_trl.packing import sharding_problem
+    from or1_trl.trainer.packing import sharding_problem
 
     assert sharding_problem(DistributedType.MULTI_GPU) is None and sharding_problem(DistributedType.NO) is None
     for sharded in (DistributedType.DEEPSPEED, DistributedType.FSDP):
@@ -170,7 +170,7 @@ def test_sharded_models_are_refused_with_the_fix():
 
 
 def test_a_stage_sets_its_own_budget(tmp_path):
-    from or1_trl.stages import apply_to_args, stage_shapes
+    from or1_trl.recipe.stages import apply_to_args, stage_shapes
 
     args = OR1Config(**tiny_training_args(tmp_path, padding_free=True, max_tokens_per_microbatch=64, max_steps=-1,
                                           stages=[{"until_step": 1}, {"until_step": 2, "max_tokens_per_microbatch": 16}]))

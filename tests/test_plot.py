@@ -6,7 +6,7 @@ import os
 import pytest
 
 from or1_trl.cli import main
-from or1_trl.plot import (accuracy_figure, entropy_figure, find_state, load_run, moving_average, plot_run, pool_figure,
+from or1_trl.eval.plot import (accuracy_figure, entropy_figure, find_state, load_run, moving_average, plot_run, pool_figure,
                           time_split, time_split_figure)
 
 

@@ -13,10 +13,10 @@ from datasets import Dataset
 from trl import GRPOConfig
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.data import InvalidRow, check_datasets, check_math_gold, check_prompt_lengths, math_golds, training_dataset
-from or1_trl.observability import SkippedStepWatch
-from or1_trl.rejection import group_outcomes
-from or1_trl.reward_checks import nonfinite_mask, record_abstentions
+from or1_trl.data.released import InvalidRow, check_datasets, check_math_gold, check_prompt_lengths, math_golds, training_dataset
+from or1_trl.trainer.observability import SkippedStepWatch
+from or1_trl.recipe.rejection import group_outcomes
+from or1_trl.trainer.reward_checks import nonfinite_mask, record_abstentions
 from or1_trl.rewards import MathReward, code_reward, mixed_rewards
 from or1_trl.testing import tiny_model, tiny_tokenizer, tiny_training_args
 
@@ -45,11 +45,11 @@ class TrainerLog(logging.Handler):
         self.records.append((step, record.getMessage()))
 
     def __enter__(self):
-        logging.getLogger("or1_trl.trainer").addHandler(self)
+        logging.getLogger("or1_trl.trainer.or1_trainer").addHandler(self)
         return self
 
     def __exit__(self, *exc):
-        logging.getLogger("or1_trl.trainer").removeHandler(self)
+        logging.getLogger("or1_trl.trainer.or1_trainer").removeHandler(self)
 
     def matching(self, text):
         return [(step, message) for step, message in self.records if text in message]

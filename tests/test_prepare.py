@@ -7,7 +7,7 @@ import pytest
 from datasets import Dataset, load_dataset
 
 from or1_trl.cli import main
-from or1_trl.prepare import NgramIndex, ngrams, normalize_problem, prepare_dataset
+from or1_trl.data.prepare import NgramIndex, ngrams, normalize_problem, prepare_dataset
 from tests.helpers import released_features, released_row
 
 EVAL = ["Let a b and c be positive integers with a plus b plus c equal to ninety nine find product",

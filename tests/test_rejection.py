@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from or1_trl.rejection import WEIGHT_KEY, compact_batch, group_outcomes, mask_batch
+from or1_trl.recipe.rejection import WEIGHT_KEY, compact_batch, group_outcomes, mask_batch
 
 
 def test_group_outcomes_binary_and_constant():
@@ -73,7 +73,7 @@ def test_mask_batch_keeps_rows():
 
 
 def test_concat_batches_pads_prompts_left_and_completions_right():
-    from or1_trl.rejection import concat_batches
+    from or1_trl.recipe.rejection import concat_batches
 
     first = {"prompt_ids": torch.tensor([[5, 6, 7]]), "prompt_mask": torch.tensor([[1, 1, 1]]),
              "completion_ids": torch.tensor([[8, 9]]), "completion_mask": torch.tensor([[1, 1]]),
@@ -100,7 +100,7 @@ def _rollout(rows, first, t=2):
 
 def test_reject_without_refill_is_outcomes_then_compaction():
     """2 ranks × 4 rows, G = 2: groups [informative, all 1 | all 0, informative]; rank 1 keeps its second group."""
-    from or1_trl.rejection import reject
+    from or1_trl.recipe.rejection import reject
 
     rewards = torch.tensor([0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0])  # [B*G] over both ranks
     out = reject(_rollout(4, 4), rewards, num_generations=2, mode="compact", rank=1, steps_per_generation=2,
@@ -116,7 +116,7 @@ def test_reject_without_refill_is_outcomes_then_compaction():
 def test_reject_refills_until_the_batch_is_full():
     """4 groups, 1 informative; each refill brings 4 groups: the first brings 1 informative, the second 3, of which
     only the first 2 fill the batch; then no third refill is asked for although 5 rounds are allowed."""
-    from or1_trl.rejection import reject
+    from or1_trl.recipe.rejection import reject
 
     G = 2
     first = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0])  # groups: all 1, informative, all 0, all 1

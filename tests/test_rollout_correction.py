@@ -1,4 +1,4 @@
-"""Rollout correction (`or1_trl/rollout_correction.py`): the weights against plain-Python references of their formulas,
+"""Rollout correction (`or1_trl/recipe/rollout_correction.py`): the weights against plain-Python references of their formulas,
 the length-independence of the geometric mask against TRL's sum, the diagnostics and their warning, and, on a real
 bf16 vLLM CPU server against the fp32 trainer, the hook that replaces TRL's ratio and logs the diagnostics."""
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl import rollout_correction as rc
-from or1_trl.rejection import WEIGHT_KEY, compact_batch
+from or1_trl.recipe import rollout_correction as rc
+from or1_trl.recipe.rejection import WEIGHT_KEY, compact_batch
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
 from .test_loss_reference import _fixed_batch, _reference_logps_entropy
@@ -155,7 +155,7 @@ def test_config_sets_trls_fields_and_refuses_unknown_modes(tmp_path):
         OR1Config(output_dir=str(tmp_path), rollout_correction="seq")
     with pytest.raises(ValueError, match="rollout_correction_cap=1.0 must be > 1"):
         OR1Config(output_dir=str(tmp_path), rollout_correction_cap=1.0)
-    from or1_trl.model_card import or1_settings  # the model card says which correction a vLLM run used
+    from or1_trl.eval.model_card import or1_settings  # the model card says which correction a vLLM run used
 
     card = dict(or1_settings(OR1Config(output_dir=str(tmp_path), use_vllm=True)))
     assert card["rollout correction (vLLM)"] == "`geo_mask_token_truncate`, cap 2"

@@ -1,4 +1,4 @@
-"""`or1_trl.sampling`: N completions per prompt through HF generate, resumable per prompt, scored with our rewards.
+"""`or1_trl.generation.sampling`: N completions per prompt through HF generate, resumable per prompt, scored with our rewards.
 
 The model is `answer_model_dir` (conftest): the tiny chat model after a short SFT on additions, so its samples
 mix right and wrong answers, and finished and truncated completions. The server backend runs against the real vLLM
@@ -11,9 +11,9 @@ import re
 import pytest
 import requests
 
-from or1_trl.demo import addition_dataset
+from or1_trl.cli.demo_run import addition_dataset
 from or1_trl.rewards import MathReward
-from or1_trl.sampling import (
+from or1_trl.generation.sampling import (
     HFBackend,
     SampleStore,
     SamplingSettings,

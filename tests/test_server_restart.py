@@ -23,10 +23,10 @@ import requests
 import torch
 from transformers import AutoModelForCausalLM, TrainerCallback
 
-from or1_trl import checkpoint
-from or1_trl.server_health import RESYNCS_METRIC, RETRY, ServerDownError, ServerWatch, mount_retries
+from or1_trl.trainer import checkpoint
+from or1_trl.generation.server_health import RESYNCS_METRIC, RETRY, ServerDownError, ServerWatch, mount_retries
 from or1_trl.testing import tiny_model_and_tokenizer
-from or1_trl.weight_sync import DiskWeightSync, http_vllm_client
+from or1_trl.generation.weight_sync import DiskWeightSync, http_vllm_client
 
 from .conftest import VLLMServer, require_or_skip
 from .test_distributed import ROOT, free_port

@@ -8,9 +8,9 @@ import torch
 from datasets import Dataset
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.prompts import (Outcome, PromptPool, PromptSampler, PromptSchedule, PromptStats, StatsLog, batch_outcomes,
+from or1_trl.recipe.prompts import (Outcome, PromptPool, PromptSampler, PromptSchedule, PromptStats, StatsLog, batch_outcomes,
                              content_id, prompt_ids)
-from or1_trl.stages import parse_stages, stage_index, stage_shape, stage_shapes, validate_stages
+from or1_trl.recipe.stages import parse_stages, stage_index, stage_shape, stage_shapes, validate_stages
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
 from .test_trainer import G, ScriptedReward, logged, tagged_dataset

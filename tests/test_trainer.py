@@ -332,7 +332,7 @@ def test_changed_defaults_are_announced_once_at_start(tmp_path, caplog):
     model, tokenizer = tiny_model_and_tokenizer(seed=0)
     hf_logging.enable_propagation()
     try:
-        with caplog.at_level("WARNING", logger="or1_trl.trainer"):
+        with caplog.at_level("WARNING", logger="or1_trl.trainer.or1_trainer"):
             OR1Trainer(model, parity_reward, args=OR1Config(**tiny_training_args(tmp_path, rejection_sampling="mask")),
                        train_dataset=tagged_dataset(["MIX"] * 4), processing_class=tokenizer)
     finally:

@@ -627,8 +627,8 @@ def _or1_inputs(batch, generation_rows: int):
     """What OR1's rollout adds to a batch in which nothing was rejected (`rejection_sampling="mask"`)."""
     import torch
 
-    from or1_trl.rejection import WEIGHT_KEY
-    from or1_trl.trainer import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY
+    from or1_trl.recipe.rejection import WEIGHT_KEY
+    from or1_trl.trainer.or1_trainer import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY
 
     rows = torch.tensor(float(generation_rows))
     return {**batch, WEIGHT_KEY: torch.ones(ROWS), KEPT_GROUP_ROWS_KEY: rows, KEPT_ROWS_KEY: rows}
@@ -665,7 +665,7 @@ def test_normaliser_aggregates_like_trls_loss_type(tmp_path, loss_type):
     is −A·ρ, so TRL's loss is its aggregation of −A·ρ: Normaliser(−A·ρ) must give the same value and gradient."""
     import torch
 
-    from or1_trl.loss import Normaliser
+    from or1_trl.recipe.loss import Normaliser
 
     _, trl_trainer = _trainers(tmp_path, loss_type=loss_type, gradient_accumulation_steps=2, steps_per_generation=2)
     batch = {k: v for k, v in _batch(trl_trainer, num_items_scale=2).items() if k != "old_per_token_logps"}
@@ -749,8 +749,8 @@ def test_aux_loss_is_added_as_trl_adds_it(tmp_path):
     adds it back after. Pinned: switching the aux loss on adds exactly what it adds to TRL's loss on the same batch."""
     import torch
 
-    from or1_trl.rejection import WEIGHT_KEY
-    from or1_trl.trainer import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY
+    from or1_trl.recipe.rejection import WEIGHT_KEY
+    from or1_trl.trainer.or1_trainer import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY
 
     or1, trl_trainer = _trainers(tmp_path, loss_type="grpo", gradient_accumulation_steps=2, model_factory=_tiny_moe)
     assert or1.aux_loss_enabled and trl_trainer.aux_loss_enabled

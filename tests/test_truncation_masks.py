@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.advantages import leave_group_statistics, zero_truncated
-from or1_trl.rejection import group_outcomes
-from or1_trl.rollout import scalar_rewards
+from or1_trl.recipe.advantages import leave_group_statistics, zero_truncated
+from or1_trl.recipe.rejection import group_outcomes
+from or1_trl.recipe.rollout import scalar_rewards
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
 from .test_trainer import parity_reward, tagged_dataset

@@ -17,9 +17,9 @@ import requests
 import torch
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.serve import API_KEY_ENV, AUTH_MIDDLEWARE, SERVER_MODULE, ServerKeyError, build_command
+from or1_trl.generation.serve import API_KEY_ENV, AUTH_MIDDLEWARE, SERVER_MODULE, ServerKeyError, build_command
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
-from or1_trl.weight_sync import WORKER_EXTENSION_VERSION, DiskWeightSync
+from or1_trl.generation.weight_sync import WORKER_EXTENSION_VERSION, DiskWeightSync
 
 from .test_distributed import ROOT, free_port
 from .test_trainer import G, ScriptedReward, logged, tagged_dataset
@@ -300,7 +300,7 @@ def test_two_trainer_processes_one_server(vllm_server, tmp_path):
 
 def test_a_server_with_another_extension_version_is_refused(vllm_server, tmp_path, monkeypatch):
     """The trainer checks the server's worker extension before training and says how to restart it."""
-    from or1_trl import weight_sync
+    from or1_trl.generation import weight_sync
 
     DiskWeightSync(vllm_server.url, str(tmp_path)).check_server()
     monkeypatch.setattr(weight_sync, "WORKER_EXTENSION_VERSION", 2)
@@ -409,7 +409,7 @@ def test_weights_cannot_be_swapped_without_the_key(vllm_server, tmp_path):
 def test_clients_without_the_key_stop_before_any_work_and_say_where_it_goes(vllm_server, tmp_path, monkeypatch):
     """Trainer (config field or environment), disk sync and the sampling backend: a 401 is a `ServerKeyError`
     naming the variable to set, never showing the key; the trainer fails while it is built, before training."""
-    from or1_trl.sampling import SamplingSettings, ServerBackend
+    from or1_trl.generation.sampling import SamplingSettings, ServerBackend
 
     for name in (API_KEY_ENV, "VLLM_API_KEY"):
         monkeypatch.delenv(name, raising=False)
@@ -489,7 +489,7 @@ def test_a_key_given_as_a_flag_is_never_written(vllm_server, tmp_path):
     server, with a checkpoint and the final save: K is in no byte under the output directory (the unpickled
     `training_args.bin` included), in the offline W&B run folder (its config and recorded command line hold the
     placeholder) or in what the command printed. The key reaches the trainer from the flag only."""
-    from or1_trl.config import API_KEY_PLACEHOLDER
+    from or1_trl.trainer.or1_config import API_KEY_PLACEHOLDER
 
     from .test_cli import ENV, TINY
 

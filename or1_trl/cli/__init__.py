@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from .. import __version__
 from ..paths import model_path_problem
-from ..run import TRL_REWARD_NAMES, resolve_reward_funcs
+from .run import TRL_REWARD_NAMES, resolve_reward_funcs
 from .demo import DemoArguments, demo, demo_parser
 from .difficulty import DifficultyArguments, difficulty, difficulty_parser
 from .evaluate import EVAL_PRESETS, EvalArguments, eval_parser, evaluate_command

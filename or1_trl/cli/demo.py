@@ -1,4 +1,4 @@
-"""`or1-trl demo`: `DemoArguments`, then `or1_trl.demo.demo`."""
+"""`or1-trl demo`: `DemoArguments`, then `or1_trl.cli.demo_run.demo`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ class DemoArguments:
     sft_steps: int = field(default=60, metadata={"help": "SFT warm-up steps (answer format)."})
 
     def __post_init__(self):
-        from ..demo import check_demo_dir
+        from .demo_run import check_demo_dir
 
         check_at_least_one(self, "max_steps", "sft_steps")
         check_output_dir(self.output_dir)  # before the warm-up, not when OR1Config is built after it
@@ -36,7 +36,7 @@ def demo_parser(prog: str | None = "or1-trl demo"):
 
 def demo(argv: list[str] | None = None, prog: str | None = "or1-trl demo") -> None:
     """The offline demo: tiny model, SFT warm-up on the answer format, then MAGIC on small additions."""
-    from ..demo import demo as run
+    from .demo_run import demo as run
 
     (args,) = parse_command(demo_parser(prog), argv)
     run(**asdict(args))

@@ -1,4 +1,4 @@
-"""`or1-trl difficulty`: `DifficultyArguments`, then `or1_trl.difficulty` (paper §6.2)."""
+"""`or1-trl difficulty`: `DifficultyArguments`, then `or1_trl.data.difficulty` (paper §6.2)."""
 
 from __future__ import annotations
 
@@ -53,8 +53,8 @@ def difficulty_parser(prog: str | None = "or1-trl difficulty"):
 
 def difficulty(argv: list[str] | None = None, prog: str | None = "or1-trl difficulty") -> None:
     """Count each prompt's correct samples for a model and keep the prompts it solves sometimes (paper §6.2)."""
-    from ..data import training_dataset
-    from ..difficulty import estimate_difficulty
+    from ..data.released import training_dataset
+    from ..data.difficulty import estimate_difficulty
 
     parser = difficulty_parser(prog)
     (args,) = parse_command(parser, argv)

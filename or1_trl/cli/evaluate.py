@@ -1,11 +1,11 @@
-"""`or1-trl eval`: `EvalArguments`, then `or1_trl.evaluation.evaluate` (avg@n, pass@k, maj@n with intervals)."""
+"""`or1-trl eval`: `EvalArguments`, then `or1_trl.eval.evaluation.evaluate` (avg@n, pass@k, maj@n with intervals)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
 
-from ..evaluation import BENCHMARKS, DEFAULT_PROMPT_TEMPLATE
+from ..eval.evaluation import BENCHMARKS, DEFAULT_PROMPT_TEMPLATE
 from .parsing import BackendArguments, check_at_least_one, check_output_dir, command_parser, input_errors, parse_command
 
 #: `--preset`: (temperature, top_p). The paper's (§8.1) is the default; open-r1's is offered, not preferred.
@@ -48,9 +48,9 @@ class EvalArguments(BackendArguments):
     confidence: float = field(default=0.95, metadata={"help": "Interval level."})
 
     def __post_init__(self):
-        from ..evaluation import benchmark_name, check_benchmark_spec, check_ks, default_ks
-        from ..model_card import eval_output_dir
-        from ..sampling import SampleStore, SamplingSettings
+        from ..eval.evaluation import benchmark_name, check_benchmark_spec, check_ks, default_ks
+        from ..eval.model_card import eval_output_dir
+        from ..generation.sampling import SampleStore, SamplingSettings
 
         # Everything that can be wrong with the arguments fails here, before a model loads or a token is generated.
         temperature, top_p = EVAL_PRESETS[self.preset]
@@ -85,8 +85,8 @@ def eval_parser(prog: str | None = "or1-trl eval"):
 
 def evaluate_command(argv: list[str] | None = None, prog: str | None = "or1-trl eval") -> dict:
     """`or1-trl eval`: sample, score with math_reward, summarize with intervals; prints the table."""
-    from ..evaluation import evaluate, load_problems, summary_markdown
-    from ..model_card import report_to_model_card
+    from ..eval.evaluation import evaluate, load_problems, summary_markdown
+    from ..eval.model_card import report_to_model_card
 
     parser = eval_parser(prog)
     (args,) = parse_command(parser, argv)

@@ -181,7 +181,7 @@ class DatasetArguments:
 
     def load(self, column: str | None = None, hint: str = ""):
         """The split (`data.load_data`); `ValueError` if it cannot be read or has no `column` (then `hint`)."""
-        from ..data import load_data
+        from ..data.released import load_data
 
         dataset = load_data(self.dataset_name, self.dataset_config, split=self.split)
         if column is not None and column not in dataset.column_names:
@@ -220,7 +220,7 @@ class BackendArguments:
 
     def make_backend(self, **options):
         """The backend these arguments name (`sampling.make_backend`); `options` add to them (e.g. `device`)."""
-        from ..sampling import make_backend
+        from ..generation.sampling import make_backend
 
         return make_backend(model=self.model, server_url=self.server_url, backend=self.backend,
                             batch_size=self.batch_size, max_concurrency=self.max_concurrency, dtype=self.dtype,

@@ -1,4 +1,4 @@
-"""`or1-trl plot`: `PlotArguments`, then `or1_trl.plot.plot_run`."""
+"""`or1-trl plot`: `PlotArguments`, then `or1_trl.eval.plot.plot_run`."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def plot_parser(prog: str | None = "or1-trl plot"):
 
 
 def plot(argv: list[str] | None = None, prog: str | None = "or1-trl plot") -> None:
-    """PNG figures of a run's curves (`or1_trl/plot.py`), from the trainer_state.json it wrote."""
-    from ..plot import plot_run
+    """PNG figures of a run's curves (`or1_trl/eval/plot.py`), from the trainer_state.json it wrote."""
+    from ..eval.plot import plot_run
 
     parser = plot_parser(prog)
     (args,) = parse_command(parser, argv)

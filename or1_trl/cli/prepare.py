@@ -1,4 +1,4 @@
-"""`or1-trl prepare`: `PrepareArguments`, then `or1_trl.prepare` (paper §6.1)."""
+"""`or1-trl prepare`: `PrepareArguments`, then `or1_trl.data.prepare` (paper §6.1)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def prepare_parser(prog: str | None = "or1-trl prepare"):
 
 def prepare(argv: list[str] | None = None, prog: str | None = "or1-trl prepare") -> None:
     """De-duplicate, drop figures/URLs, decontaminate and re-verify a dataset (paper §6.1)."""
-    from ..prepare import load_eval_sets, overlap_report, prepare_dataset, write_prepared
+    from ..data.prepare import load_eval_sets, overlap_report, prepare_dataset, write_prepared
 
     parser = prepare_parser(prog)
     (args,) = parse_command(parser, argv)

@@ -1,4 +1,4 @@
-"""`or1-trl select-examples`: `SelectExamplesArguments`, then `or1_trl.one_shot` (1-shot RLVR)."""
+"""`or1-trl select-examples`: `SelectExamplesArguments`, then `or1_trl.data.one_shot` (1-shot RLVR)."""
 
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ def select_examples_parser(prog: str | None = "or1-trl select-examples"):
 
 def select_examples(argv: list[str] | None = None, prog: str | None = "or1-trl select-examples") -> None:
     """Rank a run's prompts by historical variance and write the best ones, replicated (1-shot RLVR)."""
-    from ..data import prompt_text
-    from ..one_shot import rank_prompts, ranking_table, read_stats, write_selection
-    from ..one_shot import select_examples as choose
+    from ..data.released import prompt_text
+    from ..data.one_shot import rank_prompts, ranking_table, read_stats, write_selection
+    from ..data.one_shot import select_examples as choose
 
     parser = select_examples_parser(prog)
     (args,) = parse_command(parser, argv)

@@ -1,4 +1,4 @@
-"""`or1-trl serve MODEL [vLLM args]`: `ServeArguments`, then `or1_trl.serve.serve` (vLLM's OpenAI-compatible server
+"""`or1-trl serve MODEL [vLLM args]`: `ServeArguments`, then `or1_trl.generation.serve.serve` (vLLM's OpenAI-compatible server
 with the flags the weight sync needs). Arguments this command does not know go to vLLM unchanged."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..paths import model_path_problem
-from ..vllm_ext.or1_vllm_auth import API_KEY_ENV
+from ..generation.vllm_ext.or1_vllm_auth import API_KEY_ENV
 from .parsing import command_parser, input_errors, parse_command
 
 
@@ -42,7 +42,7 @@ class ServeArguments:
         "vLLM's, 16). At least the trainer's LoraConfig r."})
 
     def __post_init__(self):
-        from ..serve import WEIGHT_SYNC_BACKENDS, default_weight_sync, python_problem
+        from ..generation.serve import WEIGHT_SYNC_BACKENDS, default_weight_sync, python_problem
 
         problem = model_path_problem(self.model) or python_problem(self.python)
         if problem:
@@ -60,9 +60,9 @@ def serve_parser(prog: str | None = "or1-trl serve"):
 
 
 def serve(argv: list[str] | None = None, prog: str | None = "or1-trl serve") -> None:
-    """A vLLM server for `vllm_mode="server"` with the flags the weight sync needs (`or1_trl/serve.py`)."""
-    from ..serve import build_command
-    from ..serve import serve as run
+    """A vLLM server for `vllm_mode="server"` with the flags the weight sync needs (`or1_trl/generation/serve.py`)."""
+    from ..generation.serve import build_command
+    from ..generation.serve import serve as run
 
     parser = serve_parser(prog)
     args, vllm_args = parse_command(parser, argv, vllm_args=True)

@@ -1,13 +1,13 @@
 """`or1-trl train`: TRL's parser for `ScriptArguments` (below), `OR1Config` (every `GRPOConfig` field) and TRL's
 `ModelConfig` (model, dtype, LoRA), `--config recipe.yaml` filling any of them; then `run.build_trainer` and
-`run.train_and_save` (`or1_trl/run.py`). `examples/train_or1.py` calls `train` too."""
+`run.train_and_save` (`or1_trl/cli/run.py`). `examples/train_or1.py` calls `train` too."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..data import REWARD_COLUMNS
-from ..run import TRL_REWARD_NAMES
+from ..data.released import REWARD_COLUMNS
+from .run import TRL_REWARD_NAMES
 from .parsing import command_parser, failure_line, hide_flag_value, input_errors, parse_command
 
 
@@ -98,7 +98,7 @@ def train_parser(prog: str | None = "or1-trl train"):
     """TRL's parser for the training arguments: `ScriptArguments`, `OR1Config`, `ModelConfig`, plus `--config`."""
     from trl import ModelConfig
 
-    from ..config import OR1Config
+    from ..trainer.or1_config import OR1Config
 
     return command_parser(
         (ScriptArguments, OR1Config, ModelConfig), prog,
@@ -110,9 +110,9 @@ def train_parser(prog: str | None = "or1-trl train"):
 
 def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> None:
     """Train with the MAGIC recipe on `--dataset_name`, scored by the `--reward` verifier and/or `--reward_funcs`."""
-    from ..checkpoint import DiskFullError
-    from ..config import API_KEY_PLACEHOLDER
-    from ..run import build_trainer, train_and_save
+    from ..trainer.checkpoint import DiskFullError
+    from ..trainer.or1_config import API_KEY_PLACEHOLDER
+    from .run import build_trainer, train_and_save
 
     parser = train_parser(prog)
     script_args, training_args, model_args = parse_command(parser, argv)

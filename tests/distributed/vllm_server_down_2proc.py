@@ -10,7 +10,7 @@ import signal
 import sys
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.server_health import ServerDownError
+from or1_trl.generation.server_health import ServerDownError
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 from tests.test_server_restart import KillsTheServerMidStep
 from tests.test_trainer import tagged_dataset

@@ -22,7 +22,7 @@ Benchmarks: `aime24` (`HuggingFaceH4/aime_2024`), `aime25` (`yentinglin/aime_202
 and an answer column (names configurable) works offline.
 
 Output (`output_dir`): `<benchmark>.jsonl` (one record per problem: the samples, their rewards, correctness,
-parsed answers, token lengths and truncation — `or1_trl.sampling`'s store, so an interrupted run resumes without
+parsed answers, token lengths and truncation — `or1_trl.generation.sampling`'s store, so an interrupted run resumes without
 regenerating finished problems), `eval_summary.json` and `eval_summary.md` (the table).
 """
 
@@ -253,7 +253,7 @@ def check_benchmark_spec(spec: str) -> None:
 def load_problems(spec: str, problem_column: str | None = None, answer_column: str | None = None,
                   id_column: str | None = None) -> list[Problem]:
     """The problems of a named benchmark (from the Hub) or of a local file. Missing columns: a `ValueError` naming them."""
-    from .data import load_data
+    from ..data.released import load_data
 
     check_benchmark_spec(spec)
     try:  # offline and not cached, an empty or unreadable file: one line naming the benchmark
@@ -305,7 +305,7 @@ def answer_key(text: str, parsing_timeout: int | None = 5, max_chars: int = 8192
 
     from math_verify import parse
 
-    from .rewards.math import extract_final_answer
+    from ..rewards.math import extract_final_answer
 
     if threading.current_thread() is not threading.main_thread():
         parsing_timeout = None  # SIGALRM works in the main thread only
@@ -317,8 +317,8 @@ def answer_key(text: str, parsing_timeout: int | None = 5, max_chars: int = 8192
 
 
 def eval_scorer(reward_func, problems: Mapping[str, Problem]):
-    """`score` for `or1_trl.sampling.sample`: rewards, correctness (reward >= 1), parsed answers, the problem and gold."""
-    from .sampling import reward_scorer
+    """`score` for `or1_trl.generation.sampling.sample`: rewards, correctness (reward >= 1), parsed answers, the problem and gold."""
+    from ..generation.sampling import reward_scorer
 
     golds = {pid: p.answer for pid, p in problems.items()}
     rewards = reward_scorer(reward_func, golds)
@@ -347,11 +347,11 @@ def evaluate(backend, benchmarks: Mapping[str, Sequence[Problem]], settings, out
 
     Problems already in `<name>.jsonl` (same sampling settings) are not sampled again.
     """
-    from .files import write_json_atomic
-    from .sampling import SampleStore, sample
+    from ..files import write_json_atomic
+    from ..generation.sampling import SampleStore, sample
 
     if reward_func is None:
-        from .rewards import math_reward as reward_func
+        from ..rewards import math_reward as reward_func
     os.makedirs(output_dir, exist_ok=True)
     summary = {"model": model_name, "settings": settings.as_dict(), "backend": backend.name, "benchmarks": {}}
     earlier = read_summary(output_dir)

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from .paths import local_model_path, model_path_problem
+from ..paths import local_model_path, model_path_problem
 
 # `trl grpo --reward_funcs` names (trl/scripts/grpo.py, from `trl.rewards`).
 TRL_REWARD_NAMES = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
@@ -66,8 +66,8 @@ def uses_demo_data(script_args, model_args) -> bool:
 def training_data(script_args, training_args):
     """The dataset and the verifier rewards (`--reward`): rows checked and converted (`data.training_dataset`), or
     the prompt column alone for `--reward_funcs` without a verifier. `ValueError` names the dataset."""
-    from .data import load_data, training_dataset
-    from .rewards import code_reward, math_reward, mixed_rewards
+    from ..data.released import load_data, training_dataset
+    from ..rewards import code_reward, math_reward, mixed_rewards
 
     files = script_args.data_files  # a list from the command line, maybe a string from a --config file
     name = script_args.dataset_name or ", ".join([files] if isinstance(files, str) else files)
@@ -101,8 +101,8 @@ def build_trainer(script_args, training_args, model_args):
     `ValueError` (or an `OSError`) raised before training starts; with the demo's model, after its SFT warm-up."""
     from trl import get_peft_config
 
-    from .checkpoint import check_output_dir
-    from .trainer import OR1Trainer
+    from ..trainer.checkpoint import check_output_dir
+    from ..trainer.or1_trainer import OR1Trainer
 
     extra_rewards = resolve_reward_funcs(script_args.reward_funcs or [], training_args.max_completion_length)
     builtin = uses_demo_data(script_args, model_args)
@@ -114,8 +114,8 @@ def build_trainer(script_args, training_args, model_args):
     # A previous run in --output_dir, a missing checkpoint: refused before the model loads.
     check_output_dir(training_args.output_dir, training_args.resume_from_checkpoint, training_args.overwrite_output_dir)
     if builtin:
-        from .demo import demo_model_and_data
-        from .rewards import math_reward
+        from .demo_run import demo_model_and_data
+        from ..rewards import math_reward
 
         model, tokenizer, dataset = demo_model_and_data(os.path.join(training_args.output_dir, "sft"), seed=training_args.seed)
         reward_funcs = [math_reward] if script_args.reward else []
@@ -135,7 +135,7 @@ def build_trainer(script_args, training_args, model_args):
 def train_and_save(trainer, dataset_name: str | None = None) -> None:
     """Train (resuming from `args.resume_from_checkpoint`), save the model to `args.output_dir`, push it to the Hub
     when `args.push_to_hub`. A full disk while saving a checkpoint or the model: `checkpoint.DiskFullError`, one line."""
-    from .checkpoint import saving_final
+    from ..trainer.checkpoint import saving_final
 
     args = trainer.args
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)

@@ -40,7 +40,7 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .data import InvalidRow, math_golds, prompt_text, save_split
+from .released import InvalidRow, math_golds, prompt_text, save_split
 
 #: `or1-trl prepare --eval_sets` names: (Hub id, split, problem column). Loaded only when decontamination runs.
 EVAL_SETS = {
@@ -96,7 +96,7 @@ def _digest(text: str) -> str:
 def load_eval_sets(specs: list[str], column: str | None = None) -> dict[str, list[str]]:
     """`{name: problem texts}` for each spec: a name of `EVAL_SETS`, a local file or directory (`NAME=PATH` names it),
     or a Hub dataset id (its first split). The problem column is `column`, else the first of `EVAL_PROBLEM_COLUMNS`."""
-    from .data import load_data
+    from .released import load_data
 
     sets = {}
     for spec in specs:
@@ -186,7 +186,7 @@ def _features(row, problem_column, index, threshold):
 
 def _golds(row, answer_column):
     """Gold answers of a math row (either layout), or `None` if it has none."""
-    from .rewards.math import normalize_golds
+    from ..rewards.math import normalize_golds
 
     if "reward_model" in row:
         try:
@@ -244,7 +244,7 @@ def prepare_dataset(dataset, problem_column: str = "prompt", answer_column: str 
         result.skipped["answer_mismatch"] = "--skip" if "verify" in skip else f"no column {solution_column!r}"
         result.kept = survivors
         return result
-    from .rewards import MathReward
+    from ..rewards import MathReward
 
     columns = [c for c in (answer_column, solution_column, "ability", "reward_model") if c in dataset.column_names]
     tasks = []  # (row, solution, golds) of the surviving math rows that can be verified

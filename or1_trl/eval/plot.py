@@ -226,7 +226,7 @@ def time_split_figure(run: Run, window: int):
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     ax.set_xlabel("")
     ax.set_ylabel("seconds per step (mean)")
-    ax.set_title("Where a training step's time goes (host clocks; see or1_trl/observability.py on GPUs)")
+    ax.set_title("Where a training step's time goes (host clocks; see or1_trl/trainer/observability.py on GPUs)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=9)
     return fig, None
 

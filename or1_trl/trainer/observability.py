@@ -57,8 +57,8 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
 
-from .entropy import StepWindow
-from .files import write_json_atomic
+from ..recipe.entropy import StepWindow
+from ..files import write_json_atomic
 
 PHASES = ("rollout", "reward", "update", "other")
 TIMED = PHASES[:3]  # measured directly; `other` is the rest of the step

@@ -126,7 +126,7 @@ def select_examples(dataset, ranking: list[RankedPrompt], top: int, size: int, p
     Prompt ids are computed as the trainer computes them (`prompts.prompt_ids`: the `prompt_id_column`, else a hash of
     the prompt), so `dataset` must be the one the ranked run trained on (same prompts). An id column is kept as
     `source_<column>`: the replicas share one prompt id (the content hash) in the 1-shot run's statistics."""
-    from .prompts import prompt_ids
+    from ..recipe.prompts import prompt_ids
 
     if not 1 <= top <= len(ranking):
         raise ValueError(f"--top {top}: the statistics rank {len(ranking)} prompts")
@@ -161,8 +161,8 @@ def write_selection(selected, chosen: list[RankedPrompt], output_dir: str, sourc
     """Write the replicated prompts as `<output_dir>/data/train-00000-of-00001.parquet` (`or1-trl train
     --dataset_name OUTPUT_DIR` reads it) and `<output_dir>/selection.json`: `source` (where the ranking and the
     prompts came from) and the chosen prompts with their rank, score and accuracies. Returns the dataset's path."""
-    from .files import write_json_atomic
-    from .data import save_split
+    from ..files import write_json_atomic
+    from .released import save_split
 
     path = save_split(selected, output_dir, "train")
     write_json_atomic(os.path.join(output_dir, "selection.json"), {

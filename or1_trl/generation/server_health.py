@@ -13,8 +13,8 @@ What the trainer does when its server (vLLM server mode) misbehaves:
    `vllm/resyncs`. A request that fails all its retries (the server died while generating) is asked again the same
    way, after the wait and the resync.
 3. **A server down longer than `vllm_server_timeout`** raises `ServerDownError` on every rank at once (the main
-   process talks to the server; `OR1VLLMGeneration` shares its outcome), and `stop_with_checkpoint` ends training
-   with a complete checkpoint of the last finished step (`checkpoint.py`'s verified marker) and one line saying how
+   process talks to the server; `OR1VLLMGeneration` shares its outcome), and the trainer's `checkpoint.stop_with_checkpoint`
+   ends training with a complete checkpoint of the last finished step (its verified marker) and one line saying how
    to resume.
 
 In nccl mode (TRL's weight transfer) a restarted server has lost its NCCL group with the trainer and cannot be
@@ -24,15 +24,11 @@ generating from weights it cannot check.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from contextlib import contextmanager
 
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
-from . import checkpoint
 from .serve import wait_for_health
 
 logger = logging.get_logger(__name__)
@@ -152,32 +148,3 @@ class ServerWatch:
                     raise self.down_error(f"did not answer for {time.monotonic() - down_since:.0f} s") from None
                 logger.warning(f"vLLM server at {self.base_url}: {type(error).__name__} past the retries; waiting for "
                                "it, then asking again.")
-
-
-@contextmanager
-def stop_with_checkpoint(trainer):
-    """Around a rollout of `trainer` (an `OR1Trainer`): record `vllm/resyncs` (resyncs so far) and, after a disk push,
-    `vllm/sync_seconds/<phase>` and `vllm/sync_bytes`; on `ServerDownError` (raised on every
-    rank together) save a complete checkpoint of the last finished step, unless one is there, and stop with one line."""
-    try:
-        yield
-    except ServerDownError as error:
-        step = trainer.state.global_step
-        folder = os.path.join(trainer._get_output_dir(trial=None), f"{PREFIX_CHECKPOINT_DIR}-{step}")
-        if checkpoint.verify(folder, trainer._checkpoint_files()):
-            trainer._save_checkpoint(trainer.model, trial=None)
-        raise ServerDownError(
-            f"{error}: training stopped at step {step}, {os.path.basename(folder)} is complete (nothing lost); restart "
-            "the server (or1-trl serve ...), then resume with --resume_from_checkpoint true."
-        ) from None
-    generation = getattr(trainer, "vllm_generation", None)
-    resyncs = getattr(generation, "resyncs", None)
-    if resyncs is not None and trainer.model.training:  # the run's count so far (one value per logged step)
-        trainer._metrics["train"][RESYNCS_METRIC] = [float(resyncs)]
-    breakdown = getattr(generation, "sync_breakdown", None)
-    if breakdown is not None:  # a disk push happened in this rollout: its seconds per phase and bytes, logged once
-        generation.sync_breakdown = None
-        if trainer.model.training:
-            for name, value in breakdown.items():
-                metric = SYNC_BYTES_METRIC if name == "bytes" else f"{SYNC_SECONDS_METRIC}/{name}"
-                trainer._metrics["train"][metric] = [float(value)]

@@ -41,9 +41,11 @@ import shutil
 import zlib
 from contextlib import contextmanager, suppress
 
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
-from .files import TMP_INFIX, fsync, write_json_atomic
+from ..files import TMP_INFIX, fsync, write_json_atomic
+from ..generation.server_health import RESYNCS_METRIC, SYNC_BYTES_METRIC, SYNC_SECONDS_METRIC, ServerDownError
 
 logger = logging.get_logger(__name__)
 
@@ -341,3 +343,32 @@ def saving_final(output_dir: str):
             f"no space left on {output_dir}: the final model was not saved (its files there may be partial); free "
             f"space, then --resume_from_checkpoint true ({_resume_hint(output_dir)}) saves it again."
         ) from None
+
+
+@contextmanager
+def stop_with_checkpoint(trainer):
+    """Around a rollout of `trainer` (an `OR1Trainer`): record `vllm/resyncs` (resyncs so far) and, after a disk push,
+    `vllm/sync_seconds/<phase>` and `vllm/sync_bytes`; on `ServerDownError` (raised on every
+    rank together) save a complete checkpoint of the last finished step, unless one is there, and stop with one line."""
+    try:
+        yield
+    except ServerDownError as error:
+        step = trainer.state.global_step
+        folder = os.path.join(trainer._get_output_dir(trial=None), f"{PREFIX_CHECKPOINT_DIR}-{step}")
+        if verify(folder, trainer._checkpoint_files()):
+            trainer._save_checkpoint(trainer.model, trial=None)
+        raise ServerDownError(
+            f"{error}: training stopped at step {step}, {os.path.basename(folder)} is complete (nothing lost); restart "
+            "the server (or1-trl serve ...), then resume with --resume_from_checkpoint true."
+        ) from None
+    generation = getattr(trainer, "vllm_generation", None)
+    resyncs = getattr(generation, "resyncs", None)
+    if resyncs is not None and trainer.model.training:  # the run's count so far (one value per logged step)
+        trainer._metrics["train"][RESYNCS_METRIC] = [float(resyncs)]
+    breakdown = getattr(generation, "sync_breakdown", None)
+    if breakdown is not None:  # a disk push happened in this rollout: its seconds per phase and bytes, logged once
+        generation.sync_breakdown = None
+        if trainer.model.training:
+            for name, value in breakdown.items():
+                metric = SYNC_BYTES_METRIC if name == "bytes" else f"{SYNC_SECONDS_METRIC}/{name}"
+                trainer._metrics["train"][metric] = [float(value)]

@@ -13,7 +13,7 @@ shared with another module.
 
 The trainer tags each push with a weights version (`or1_reload_weights(..., version=n)`, reported by
 `or1_weights_version`): a server that restarted reports 0, so the trainer knows to send it its weights again
-before it generates anything (`or1_trl/server_health.py`).
+before it generates anything (`or1_trl/generation/server_health.py`).
 
 `or1_server_info` tells the trainer what to send (version 4): the dtype the server computes in (so the trainer casts
 before writing, `OR1Config.vllm_sync_dtype="server"`: half the bytes of fp32 for a bf16 server, and the same values
@@ -35,7 +35,7 @@ server without one):
   their files' sizes, covering every tensor of the last weights loaded); a load that fails anyway (I/O, a loader
   error) is undone by reloading the last complete weights. `or1_reload_weights` then answers `{"ok": False, "error":
   ...}` and keeps its weights and version: the trainer retries once, then stops with a checkpoint
-  (`or1_trl/weight_sync.py`). Without the check, a folder without weights left vLLM's parameters on the meta
+  (`or1_trl/generation/weight_sync.py`). Without the check, a folder without weights left vLLM's parameters on the meta
   device: `/health` still said 200 and the next generation killed the engine.
 """
 

@@ -11,7 +11,7 @@ sides can read:
    directory under `vllm_sync_dir` (default: a private directory on tmpfs, files 0600, when it has room and the
    server reads it, `use_default_dir`), renamed into place only once complete;
 3. it asks the server to reload them (`POST /collective_rpc`, method `or1_reload_weights` of our worker extension,
-   `or1_trl/vllm_ext/or1_vllm_worker.py`: vLLM's `reload_weights`, then a re-pack of a tied `lm_head` on CPU) and
+   `or1_trl/generation/vllm_ext/or1_vllm_worker.py`: vLLM's `reload_weights`, then a re-pack of a tied `lm_head` on CPU) and
    to reset its prefix cache (cached KV blocks were computed with the old weights);
 4. every rank waits for the main process before generating; the push's seconds per phase (`last_breakdown`: gather,
    write, load, cache reset) are logged as `vllm/sync_seconds/<phase>`.
@@ -25,9 +25,9 @@ their model (`OR1VLLMClient.model`); `OR1Config.vllm_sync_peft` chooses.
 (`generation_backend`). Everything else — generation requests, their batching across ranks, the NCCL path — is
 TRL's, unchanged, except that with both backends the trainer talks to the server through `OR1VLLMClient`, TRL's
 client whose session sends the server's API key (`OR1Config.vllm_server_api_key`, else `$OR1_VLLM_API_KEY`, else
-`$VLLM_API_KEY`; see `or1_trl/serve.py`) with every request.
+`$VLLM_API_KEY`; see `or1_trl/generation/serve.py`) with every request.
 
-A server that fails or restarts mid-run (`or1_trl/server_health.py`): the client's session retries transient failures
+A server that fails or restarts mid-run (`or1_trl/generation/server_health.py`): the client's session retries transient failures
 (urllib3 `Retry`); before each generation request the server must be healthy (waited for up to `vllm_server_timeout`)
 and, with the disk sync, hold the trainer's weights version (`or1_weights_version` of the worker extension: 0 after a
 restart), else it reloads the latest pushed directory first (`vllm/resyncs`); a server down for longer stops the run

@@ -48,7 +48,7 @@ import logging
 from collections import Counter
 from typing import Any
 
-from .rewards.columns import ABILITY_COLUMN, ANSWER_COLUMN, TESTS_COLUMN, check_reward_columns
+from ..rewards.columns import ABILITY_COLUMN, ANSWER_COLUMN, TESTS_COLUMN, check_reward_columns
 
 # ---------------------------------------------------------------------------------------------------------------
 # The released (verl) format
@@ -108,7 +108,7 @@ def check_math_gold(answer) -> tuple[str, ...]:
     `reward_model` struct), a bool, a list holding dicts or lists — would reach Math-Verify as its Python text and
     never match: "wrong gold type". None, or only empty strings: "no gold answer".
     """
-    from .rewards.math import normalize_golds
+    from ..rewards.math import normalize_golds
 
     value = answer.tolist() if hasattr(answer, "tolist") and not isinstance(answer, (str, int, float)) else answer
     items = list(value) if isinstance(value, (list, tuple, set, frozenset)) else [value]
@@ -413,7 +413,7 @@ def released_format_inputs(reward_funcs, train_dataset, eval_dataset):
     else:
         eval_dataset, _ = convert(eval_dataset)
     if reward_funcs is None and abilities:
-        from .rewards import code_reward, math_reward, mixed_rewards
+        from ..rewards import code_reward, math_reward, mixed_rewards
 
         single = {"math": math_reward, "code": code_reward}
         reward_funcs = single[abilities[0]] if len(abilities) == 1 else mixed_rewards(abilities)
@@ -436,9 +436,9 @@ _GOLD_FIX = {
 def _gold_checks(reward_func) -> list[tuple[str, Any, str | None, str | None]]:
     """`(gold column, check, ability, ability column)` for each gold column one of our verifiers reads (user rewards:
     none). `check(value)` raises `InvalidRow`; `ability` restricts it to the rows of that ability (`mixed_rewards`)."""
-    from .rewards.code import CodeReward
-    from .rewards.math import MathReward
-    from .rewards.mixed import AbilityReward
+    from ..rewards.code import CodeReward
+    from ..rewards.math import MathReward
+    from ..rewards.mixed import AbilityReward
 
     ability = ability_column = None
     if isinstance(reward_func, AbilityReward):

@@ -7,7 +7,7 @@ of correct ones is stored per model, as the released data stores it, and prompts
 
 - N = 16 samples per math prompt and 8 per code prompt (the paper's), at temperature 1.0 and top-p 1.0; each row's
   verifier by its `ability` (`data.training_dataset`: the released format, or plain `prompt`/`answer` / `tests`).
-- Generation is `or1_trl.sampling` (a vLLM server, in-process vLLM or HF `generate`); every finished prompt's samples
+- Generation is `or1_trl.generation.sampling` (a vLLM server, in-process vLLM or HF `generate`); every finished prompt's samples
   and rewards are appended to `<output_dir>/samples-<ability>.jsonl` at once (one fsynced line), so an interrupted
   run, started again, continues with the prompts it has not finished. A prompt's store key is its row number and
   a hash of its content: a changed dataset is never matched with old samples.
@@ -60,7 +60,7 @@ class DifficultyResult:
         """Write the kept rows (every row with `keep_all`) with their counts as
         `<output_dir>/data/<split>-00000-of-00001.parquet` (`or1-trl train --dataset_name OUTPUT_DIR` reads it).
         Returns `(rows written, path)`."""
-        from .data import save_split
+        from .released import save_split
 
         out = self.dataset if keep_all else self.dataset.select(self.kept_rows())
         return len(out), save_split(out, output_dir, split)
@@ -96,13 +96,13 @@ def estimate_difficulty(dataset, backend, model_key: str, output_dir: str, sampl
                         rewards: dict | None = None, progress: bool = True) -> DifficultyResult:
     """Sample, score and count every row of `dataset` (module docstring); resumes from `output_dir`'s stores.
 
-    `backend` is an `or1_trl.sampling` backend; `rewards` overrides the verifiers (`{"math": ..., "code": ...}`,
+    `backend` is an `or1_trl.generation.sampling` backend; `rewards` overrides the verifiers (`{"math": ..., "code": ...}`,
     default `math_reward` / `code_reward`). Rows that cannot be scored are an error before anything is generated.
     """
-    from .data import training_dataset
-    from .prompts import content_id
-    from .rewards import code_reward, math_reward
-    from .sampling import SampleStore, SamplingSettings, reward_scorer, sample
+    from .released import training_dataset
+    from ..recipe.prompts import content_id
+    from ..rewards import code_reward, math_reward
+    from ..generation.sampling import SampleStore, SamplingSettings, reward_scorer, sample
 
     samples = {**DEFAULT_SAMPLES, **(samples or {})}
     verifiers = {"math": math_reward, "code": code_reward, **(rewards or {})}

@@ -77,7 +77,7 @@ def warm_up(model, tokenizer, dataset: Dataset, output_dir: str, steps: int, see
     its loss four times (`SFTProgress`)."""
     from trl import SFTConfig, SFTTrainer
 
-    from .testing import CPU_RUN
+    from ..testing import CPU_RUN
 
     args = SFTConfig(
         **{**CPU_RUN, "seed": seed, "logging_steps": max(steps // 4, 1)},
@@ -96,8 +96,8 @@ def warm_up(model, tokenizer, dataset: Dataset, output_dir: str, steps: int, see
 
 def demo_config(output_dir: str = "outputs/or1-demo", **overrides):
     """The demo's `OR1Config`: MAGIC defaults, sized for a tiny model on CPU."""
-    from .config import OR1Config
-    from .testing import CPU_RUN
+    from ..trainer.or1_config import OR1Config
+    from ..testing import CPU_RUN
 
     settings = dict(
         CPU_RUN,
@@ -119,7 +119,7 @@ def demo_model_and_data(sft_output_dir: str, sft_steps: int = 60, seed: int = 0)
     is given neither a model nor a dataset, e.g. `examples/recipes/tiny_cpu_two_stage.yaml`)."""
     from transformers import set_seed
 
-    from .testing import tiny_model_and_tokenizer
+    from ..testing import tiny_model_and_tokenizer
 
     set_seed(seed)
     model, tokenizer = tiny_model_and_tokenizer(seed=seed)
@@ -132,7 +132,7 @@ def check_demo_dir(output_dir: str) -> None:
     """The demo starts over only in a directory that is new, holds no previous run, or holds an earlier demo
     (`DEMO_MARK`): a directory holding another run's checkpoints or statistics is refused (`ValueError`), so the
     demo never deletes those."""
-    from .checkpoint import previous_run
+    from ..trainer.checkpoint import previous_run
 
     previous = previous_run(output_dir)
     if previous and not os.path.exists(os.path.join(output_dir, DEMO_MARK)):
@@ -152,8 +152,8 @@ def mark_demo_dir(output_dir: str) -> None:
 
 def run_demo(output_dir: str = "outputs/or1-demo", sft_steps: int = 60, seed: int = 0, reward_func=None, **overrides):
     """Run warm-up + OR1 training, scored by `math_reward` (paper §7.1). Returns the per-step mean rewards."""
-    from .rewards import math_reward
-    from .trainer import OR1Trainer
+    from ..rewards import math_reward
+    from ..trainer.or1_trainer import OR1Trainer
 
     check_demo_dir(output_dir)  # before the warm-up: another run's directory is refused
     model, tokenizer, train = demo_model_and_data(f"{output_dir}/sft", sft_steps, seed)

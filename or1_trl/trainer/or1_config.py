@@ -12,16 +12,16 @@ import torch
 from transformers.utils import logging
 from trl import GRPOConfig
 
-from .advantages import TRUNCATED_ADVANTAGE_MASKS
-from .entropy import ENTROPY_PRESETS
+from ..recipe.advantages import TRUNCATED_ADVANTAGE_MASKS
+from ..recipe.entropy import ENTROPY_PRESETS
 from .logprobs import LOGPROB_BACKENDS, liger_available
-from .loss import TOKEN_SUM_LOSSES
+from ..recipe.loss import TOKEN_SUM_LOSSES
 from .packing import attention_problem
-from .paths import output_dir_problem
-from .ranges import check_ranges
-from .rollout_correction import DEFAULT_CAP, DEFAULT_ROLLOUT_CORRECTION, ROLLOUT_CORRECTIONS
-from .serve import SYNC_DTYPES, SYNC_PEFT_MODES, WEIGHT_SYNC_BACKENDS, default_weight_sync
-from .stages import Stage, parse_stages, validate_stages
+from ..paths import output_dir_problem
+from ..recipe.ranges import check_ranges
+from ..recipe.rollout_correction import DEFAULT_CAP, DEFAULT_ROLLOUT_CORRECTION, ROLLOUT_CORRECTIONS
+from ..generation.serve import SYNC_DTYPES, SYNC_PEFT_MODES, WEIGHT_SYNC_BACKENDS, default_weight_sync
+from ..recipe.stages import Stage, parse_stages, validate_stages
 
 logger = logging.get_logger(__name__)
 
@@ -102,7 +102,7 @@ class OR1Config(GRPOConfig):
             token, T_k — TRL) or `"selected"` (only the selected high-entropy tokens of the micro-batch — the official
             80/20 code, ≈1/ρ larger gradient). The entropy term and the controller always use all kept tokens.
         stages (`list[dict]` or `None`, *optional*, defaults to `None`):
-            Multi-stage training (paper §3.2.2, `or1_trl/stages.py`): a list of `{until_step, max_completion_length,
+            Multi-stage training (paper §3.2.2, `or1_trl/recipe/stages.py`): a list of `{until_step, max_completion_length,
             batch_size, mini_batch_size, num_generations, temperature, learning_rate}` (all but `until_step` optional;
             batch sizes are prompts over all ranks). Transitions happen at optimizer-step boundaries within one
             `train()`; optimizer, scheduler, controller, prompt pool and statistics carry over. `None`: one stage.
@@ -118,14 +118,14 @@ class OR1Config(GRPOConfig):
             more rounds from the pool and keep informative groups until the batch is full (DAPO's dynamic
             sampling; not in Skywork's code). 0: off.
         truncated_advantage_mask (`str`, *optional*, defaults to `"none"`):
-            The advantage masks for truncated responses of the paper's ablation (§3.2.3, `or1_trl/advantages.py`):
+            The advantage masks for truncated responses of the paper's ablation (§3.2.3, `or1_trl/recipe/advantages.py`):
             `"none"` (the paper's choice: truncated responses keep their reward and advantage), `"after"` (they stay
             in the group's mean and std, then get advantage 0) or `"before"` (they leave the group's statistics
             too and get advantage 0; rejection sampling then judges a group on its non-truncated rewards). Their
             tokens stay in T_k and the entropy term; TRL's `mask_truncated_completions` instead removes them from
             the loss altogether, group statistics untouched.
         entropy_collapse_fraction (`float`, *optional*, defaults to `0.5`):
-            The entropy-collapse warning (`or1_trl/observability.py`) fires once when the entropy stays below this
+            The entropy-collapse warning (`or1_trl/trainer/observability.py`) fires once when the entropy stays below this
             fraction of `entropy_target` for `entropy_collapse_steps` steps while the controller is saturated
             (c = c_max) or off.
         entropy_collapse_steps (`int`, *optional*, defaults to `10`):
@@ -166,12 +166,12 @@ class OR1Config(GRPOConfig):
             resume needs it again (the flag or the variable). Prefer the variable: a command line is visible in `ps`.
         logprob_backend (`str`, *optional*, defaults to `"auto"`):
             What computes the per-token log-probs and entropies of every pass (policy, old policy, reference), without
-            `[B, T, V]` logits (`or1_trl/logprobs.py`): `"trl"` (TRL's fused LM head), `"liger"` (Liger-Kernel's
+            `[B, T, V]` logits (`or1_trl/trainer/logprobs.py`): `"trl"` (TRL's fused LM head), `"liger"` (Liger-Kernel's
             fused linear scaled cross-entropy inside TRL's head; an error where Liger cannot run the model) or
             `"auto"` (`"liger"` on CPU, where `benchmarks/memory.py` measured it lowest; `"trl"` on GPUs, not measured,
             and wherever Liger cannot run). Same loss, gradient and metrics within float tolerance.
         padding_free (`bool`, *optional*, defaults to `False`):
-            Forward the log-prob passes (policy, old policy, reference) without padding (`or1_trl/packing.py`): the
+            Forward the log-prob passes (policy, old policy, reference) without padding (`or1_trl/trainer/packing.py`): the
             rows' real tokens end to end in packed rows, `position_ids` restarting per sequence (transformers'
             block-diagonal mask); the per-token results go back to TRL's padded layout, so the loss and metrics are
             unchanged. Text-only, attention `"sdpa"`, `"eager"` or flash-attention, DDP or a single process.
@@ -195,7 +195,7 @@ class OR1Config(GRPOConfig):
             rejected, or every completion masked), saying why and what to check; 0 disables it.
         rollout_correction (`str`, *optional*, defaults to `"geo_mask_token_truncate"`):
             How a completion generated by vLLM is weighted for the mismatch between the generator's log-probs and the
-            trainer's (`or1_trl/rollout_correction.py`; ratio r_t = π_trainer / π_vllm per token, c =
+            trainer's (`or1_trl/recipe/rollout_correction.py`; ratio r_t = π_trainer / π_vllm per token, c =
             `rollout_correction_cap`): `"off"` (no correction toward the generator, the paper: TRL's correction off),
             `"token_truncate"` (weight min(r_t, c)), `"geo_mask_token_truncate"` (a sequence is kept iff the geometric
             mean of its ratios lies in [1/c, c], independent of its length, then min(r_t, c)), or `"trl"` (TRL's
@@ -206,7 +206,7 @@ class OR1Config(GRPOConfig):
         rollout_correction_cap (`float`, *optional*, defaults to `2.0`):
             c > 1: the per-token truncation cap and the geometric mask's bound [1/c, c].
         async_generation (`bool`, *optional*, defaults to `False`):
-            One-step-off rollouts (`or1_trl/overlap.py`, `docs/async_generation.md`): while update k runs, the vLLM
+            One-step-off rollouts (`or1_trl/generation/overlap.py`, `docs/async_generation.md`): while update k runs, the vLLM
             server generates the rollout of step k+1 from the weights update k−1 left, requested over HTTP from a
             background thread; the weights are pushed between updates. Needs `use_vllm=True, vllm_mode="server"` and
             a `rollout_correction` that weights by the generator's log-probs (not `"off"`): they are the behaviour
@@ -221,10 +221,10 @@ class OR1Config(GRPOConfig):
             Start over in an `output_dir` that holds a previous run (its `checkpoint-N` folders or
             `prompt_stats.jsonl`): they are removed when training starts. Without it (or `resume_from_checkpoint`,
             which continues the run) such an `output_dir` is refused, so nothing of a previous run is lost silently.
-            (transformers 5 dropped `TrainingArguments.overwrite_output_dir`; this is OR1's, `or1_trl/checkpoint.py`.)
+            (transformers 5 dropped `TrainingArguments.overwrite_output_dir`; this is OR1's, `or1_trl/trainer/checkpoint.py`.)
 
     Every numeric field the trainer reads — these, TRL's and transformers' — must lie in its range
-    (`or1_trl/ranges.py`, `FIELD_RANGES`: e.g. `top_p` in (0, 1], `temperature` > 0, `max_steps` >= 1 or -1,
+    (`or1_trl/recipe/ranges.py`, `FIELD_RANGES`: e.g. `top_p` in (0, 1], `temperature` > 0, `max_steps` >= 1 or -1,
     `0 < learning_rate <= 10`; no NaN or inf), checked before anything else: a `ValueError` names the field, its value,
     the range and why (one line and exit status 2 on the command line, before the model loads).
 
@@ -235,7 +235,7 @@ class OR1Config(GRPOConfig):
 
     TRL's loss settings compose with every OR1 part: another `loss_type`, `beta > 0` and `sync_ref_model`, GSPO
     (`importance_sampling_level="sequence"`), `off_policy_mask_threshold` — TRL's loss of that type on the kept
-    groups, plus α·H normalised like it (`or1_trl/loss.py`); such a run warns once that it is not the paper's
+    groups, plus α·H normalised like it (`or1_trl/recipe/loss.py`); such a run warns once that it is not the paper's
     objective (`magic_departures`). Refused, as undefined: `top_entropy_normalization="selected"` with a loss type that
     has no token count to replace, or with `beta > 0`.
     """
@@ -587,7 +587,7 @@ class OR1Config(GRPOConfig):
         """The TRL settings of this config that change the MAGIC objective (eq. 3.1), each with what MAGIC has.
 
         OR1's parts (rejection and refill, adaptive entropy, stages, the prompt pool) still apply with each of them:
-        TRL's loss of that type on the kept groups, plus α·H normalised like it (`or1_trl/loss.py`)."""
+        TRL's loss of that type on the kept groups, plus α·H normalised like it (`or1_trl/recipe/loss.py`)."""
         departures = []
         if self.loss_type != "dapo":
             departures.append(f"loss_type={self.loss_type!r} (MAGIC: 'dapo', one token-level mean over T_k)")

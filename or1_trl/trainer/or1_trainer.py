@@ -47,27 +47,29 @@ from transformers.utils import logging
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head, get_config_model_id
 
-from . import checkpoint, model_card, server_health, stages
-from .advantages import leave_group_statistics, zero_truncated
-from .config import OR1Config, check_liger_layer_kernels
-from .data import check_datasets, check_prompts_fit, released_format_inputs
-from .entropy import AdaptiveEntropyController, StepWindow
-from .evaluation import group_pass_at_k
-from .evaluation import read_summary as read_eval_summary
+from . import checkpoint
+from ..eval import model_card
+from ..recipe import stages
+from ..recipe.advantages import leave_group_statistics, zero_truncated
+from .or1_config import OR1Config, check_liger_layer_kernels
+from ..data.released import check_datasets, check_prompts_fit, released_format_inputs
+from ..recipe.entropy import AdaptiveEntropyController, StepWindow
+from ..eval.evaluation import group_pass_at_k
+from ..eval.evaluation import read_summary as read_eval_summary
 from .logprobs import resolve_logprob_backend, use_liger_head
-from .loss import Normaliser, magic_loss, sampled_token_entropy, share
+from ..recipe.loss import Normaliser, magic_loss, sampled_token_entropy, share
 from .packing import (attention_problem, check_packable, fused_head_forward, one_row_per_forward,
                       packed_logps_and_entropies, sharding_problem)
-from .overlap import OverlappedRollouts, background_client
+from ..generation.overlap import OverlappedRollouts, background_client
 from .observability import (EntropyWatch, SaveFinalState, SkippedStepWatch, StepTimer, StepTimerCallback,
                             accuracy_metrics, close_progress_bars)
-from .prompts import PromptSchedule, prompt_ids
+from ..recipe.prompts import PromptSchedule, prompt_ids
 from .reward_checks import NONFINITE_METRIC, NonfiniteRewards, record_abstentions
-from .rejection import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY, count_kept, loss_mask, reject, row_gathers_padded
-from .rollout import Rollout, row_facts, scalar_rewards
-from .rollout_correction import RolloutCorrection
-from .stages import StageShape
-from .weight_sync import generation_backend
+from ..recipe.rejection import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY, count_kept, loss_mask, reject, row_gathers_padded
+from ..recipe.rollout import Rollout, row_facts, scalar_rewards
+from ..recipe.rollout_correction import RolloutCorrection
+from ..recipe.stages import StageShape
+from ..generation.weight_sync import generation_backend
 
 logger = logging.get_logger(__name__)
 
@@ -417,7 +419,7 @@ class OR1Trainer(GRPOTrainer):
             if regular:
                 self._overlap.step_request(self.state.global_step)
         # vLLM server down past `vllm_server_timeout`: a complete checkpoint, then one line (`server_health.py`)
-        with self._timed("rollout"), server_health.stop_with_checkpoint(self):
+        with self._timed("rollout"), checkpoint.stop_with_checkpoint(self):
             output = super()._generate(prompts)
             if regular:  # one-step-off: the next step's prompts go to the server while this step trains
                 self._log_metrics(broadcast_object_list([self._overlap.metrics])[0])  # measured by the main process

