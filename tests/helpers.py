@@ -1,11 +1,36 @@
-"""Fixtures only the tests use (not installed with the package): a local dataset in exactly the layout of
-`Skywork/Skywork-OR1-RL-Data` (its card's features and `math` / `code` splits), for tests that must not touch the
-network. The tiny model and tokenizer are public API: `or1_trl.testing`."""
+"""What several test modules share (not installed with the package); a test module imports from here or takes a
+`conftest.py` fixture, never from another test module. The tiny model and tokenizer are public API:
+`or1_trl.testing`.
+
+- The released data's layout: a local dataset exactly like `Skywork/Skywork-OR1-RL-Data` (its card's features and
+  `math` / `code` splits), for tests that must not touch the network.
+- Trainer runs: `tagged_dataset`, `ScriptedReward`, `parity_reward`, `logged`, group size `G`.
+- Plain references written from the paper: eq. 3.1's log-probs/entropies on a fixed batch
+  (`reference_logps_entropy`, `fixed_batch`), eq. 3.2 (`reference_eq_3_2`).
+- The real vLLM CPU server: `server_args`, `tied_trainer`, `model_logprobs`/`server_logprobs` and their tolerance
+  (`DIFF`, `TOL`), `two_trainer_processes`, `KillsTheServerMidStep`.
+- Processes and the command line: `ROOT`, `free_port`, `ENV`, `RECIPES`, `TINY`, `exit_code`.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import requests
+import torch
+from datasets import Dataset
+
+from or1_trl import OR1Config, OR1Trainer
+from or1_trl.cli import main
+from or1_trl.generation.serve import API_KEY_ENV
+from or1_trl.recipe.rejection import WEIGHT_KEY
+from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
 # The released data's layout (`Skywork/Skywork-OR1-RL-Data`, README.md `dataset_info.features` and `configs`).
 RELEASED_DIFFICULTY_KEYS = ("DeepSeek-R1-Distill-Qwen-1.5B", "DeepSeek-R1-Distill-Qwen-32B", "DeepSeek-R1-Distill-Qwen-7B")
@@ -92,3 +117,200 @@ def write_released_dataset(path: str | os.PathLike, math_rows: list[dict], code_
         Dataset.from_list(rows, features=released_features()).to_parquet(
             os.path.join(path, "data", f"{split}-00000-of-00001.parquet"))
     return str(path)
+
+
+def logged(trainer, key):
+    return [entry[key] for entry in trainer.state.log_history if key in entry]
+
+
+def parity_reward(completions, **kwargs):
+    return [float(len(c) % 2) for c in completions]
+
+
+def tagged_dataset(tags):
+    return Dataset.from_dict({"prompt": [f"{tag}: {i}+{i}=? A:" for i, tag in enumerate(tags)]})
+
+
+class ScriptedReward:
+    """Reward decided by the prompt's tag: ALL -> every sample 1 (solve_all), NONE -> 0 (solve_none),
+    MIX -> only the first sample of the group 1 (informative). Records, per call, how many rows are informative."""
+
+    __name__ = "scripted"
+
+    def __init__(self):
+        self.informative_rows = []
+
+    def __call__(self, prompts, completions, **kwargs):
+        rewards = []
+        for i, prompt in enumerate(prompts):
+            tag = prompt.split(":")[0]
+            rewards.append(1.0 if tag == "ALL" else 0.0 if tag == "NONE" else float(i % G == 0))
+        self.informative_rows.append(sum(p.startswith("MIX") for p in prompts))
+        return rewards
+
+
+G = 4  # samples per prompt in tiny_training_args
+
+
+def reference_logps_entropy(model, prompt_ids, completion_ids, completion_mask):
+    input_ids = torch.cat([prompt_ids, completion_ids], 1)
+    attention_mask = torch.cat([torch.ones_like(prompt_ids), completion_mask], 1)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, P - 1 : -1].float()  # [B, T, V]
+    log_probs = torch.log_softmax(logits, -1)
+    logps = log_probs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return logps, entropy
+
+
+B, P, T = 8, 5, 7  # the fixed batch's rows, prompt length, completion length
+
+
+def fixed_batch(model, vocab):
+    g = torch.Generator().manual_seed(1234)
+    prompt_ids = torch.randint(5, vocab, (B, P), generator=g)
+    completion_ids = torch.randint(5, vocab, (B, T), generator=g)
+    lengths = torch.tensor([7, 3, 5, 7, 1, 6, 7, 4])
+    completion_mask = (torch.arange(T)[None, :] < lengths[:, None]).long()  # right padding
+    weight = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0], dtype=torch.float)  # rows 4-7: a rejected group
+    advantages = torch.tensor([1.2, -0.4, 0.7, -1.5, 0.0, 0.0, 0.0, 0.0])
+    with torch.no_grad():
+        logps, _ = reference_logps_entropy(model, prompt_ids, completion_ids, completion_mask)
+    old = logps + 0.3 * torch.randn(B, T, generator=g)  # ρ far from 1: clipping is exercised on both sides
+    kept_tokens = (completion_mask * weight[:, None]).sum()
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": torch.ones(B, P, dtype=torch.long),
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": advantages,
+        "old_per_token_logps": old,
+        "num_items_in_batch": kept_tokens,
+        WEIGHT_KEY: weight,
+    }
+
+
+def two_trainer_processes(vllm_server, tmp_path, mode="sync") -> list[dict]:
+    """`tests/distributed/vllm_server_2proc.py` under `accelerate launch` (2 processes, gloo): what each rank wrote."""
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", os.path.join(ROOT, "configs/accelerate/cpu_2proc.yaml"),
+        "--main_process_port", str(free_port()),
+        os.path.join(ROOT, "tests/distributed/vllm_server_2proc.py"), str(tmp_path), vllm_server.url, mode,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}
+    assert env[API_KEY_ENV] == vllm_server.api_key
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return [json.loads((tmp_path / f"vllm_rank{r}.json").read_text()) for r in (0, 1)]
+
+
+STAGES = [
+    {"until_step": 2, "max_completion_length": 4, "batch_size": 2, "mini_batch_size": 2, "num_generations": 4},
+    {"until_step": 4, "max_completion_length": 7, "batch_size": 2, "mini_batch_size": 2, "num_generations": 4},
+]
+
+
+def tied_trainer(server, output_dir, reward=None, dataset=None, **overrides):
+    model, tokenizer = tiny_model_and_tokenizer(seed=0, tie_word_embeddings=True)
+    return OR1Trainer(
+        model, reward or ScriptedReward(), args=server_args(server, output_dir, **overrides),
+        train_dataset=dataset or tagged_dataset(["MIX", "ALL", "MIX", "NONE"] * 4), processing_class=tokenizer,
+    )
+
+
+def server_args(server, output_dir, **overrides):
+    settings = dict(
+        use_vllm=True, vllm_mode="server", vllm_server_base_url=server.url, vllm_weight_sync="disk",
+        vllm_server_api_key=server.api_key, learning_rate=1e-2, max_steps=3,
+        generation_kwargs={"ignore_eos": True},  # every completion runs to the length limit
+    )
+    settings.update(overrides)
+    return OR1Config(**tiny_training_args(output_dir, **settings))
+
+
+def model_logprobs(model, token_ids):
+    with torch.no_grad():
+        logits = model(torch.tensor([token_ids])).logits[0, :-1]
+    return torch.log_softmax(logits, -1)[torch.arange(len(token_ids) - 1), torch.tensor(token_ids[1:])]
+
+
+def server_logprobs(server, token_ids):
+    """The server's log-prob of each token of `token_ids` given the ones before it."""
+    response = requests.post(
+        f"{server.url}/v1/completions",
+        json={"model": server.model_path, "prompt": token_ids, "max_tokens": 1, "prompt_logprobs": 0},
+        headers=server.headers,
+    )
+    response.raise_for_status()
+    scored = response.json()["choices"][0]["prompt_logprobs"]
+    return torch.tensor([scored[i][str(token_ids[i])]["logprob"] for i in range(1, len(token_ids))])
+
+
+TOL = 1e-4
+
+
+DIFF = "sampling/sampling_logp_difference/max"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def exit_code(capsys, *argv):
+    """`main(argv)` in-process: its exit status and (stdout, stderr)."""
+    with pytest.raises(SystemExit) as exc:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+# Subprocesses import this checkout's or1_trl (not another installed copy), as the console script would.
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline",
+       "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+
+
+RECIPES = os.path.join(ROOT, "examples", "recipes")
+TINY = os.path.join(RECIPES, "tiny_cpu.yaml")
+
+
+def reference_eq_3_2(entropies, tgt, delta, c_min, c_max):
+    """Plain transcription of eq. 3.2 with the documented one-step lag of the gate.
+
+    Returns the list of (alpha applied at step k, c after the update at step k) for k = 0, 1, ...
+    `None` in `entropies` is a step with no kept token: nothing measured, nothing changes.
+    """
+    c, last_e, out = 0.0, math.inf, []
+    for e in entropies:
+        alpha = c if last_e <= tgt else 0.0  # α_k = c_k · 1{e ≤ tgt}, gated by the last measured e
+        if e is not None:
+            if e < tgt:
+                c = c + delta
+            elif e > tgt:
+                c = c - delta
+            c = min(max(c, c_min), c_max)
+            last_e = e
+        out.append((alpha, c))
+    return out
+
+
+class KillsTheServerMidStep(ScriptedReward):
+    """`ScriptedReward` (every group "MIX": informative) that, at its `at`-th call — a step's first rollout — calls
+    `kill()` and scores that rollout all 0, so that rejection refills the step: the refill round generates on
+    whatever server is there then."""
+
+    def __init__(self, kill, at: int):
+        super().__init__()
+        self.kill, self.at, self.calls = kill, at, 0
+
+    def __call__(self, prompts, completions, **kwargs):
+        self.calls += 1
+        rewards = super().__call__(prompts, completions, **kwargs)
+        if self.calls != self.at:
+            return rewards
+        self.kill()
+        return [0.0] * len(rewards)

@@ -6,8 +6,8 @@ import os
 
 import torch
 
-from .test_trainer import logged
-from .test_vllm_server import DIFF, STAGES, TOL, tied_trainer, two_trainer_processes
+from .helpers import logged
+from .helpers import DIFF, STAGES, TOL, tied_trainer, two_trainer_processes
 
 STALENESS, OVERLAP = "async/staleness", "async/overlap"
 

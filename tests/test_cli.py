@@ -12,29 +12,17 @@ import pytest
 from trl import ModelConfig, TrlParser
 
 from or1_trl import OR1Config
-from or1_trl.cli import COMMANDS, ScriptArguments, main, model_path_problem, parse_command
+from or1_trl.cli import COMMANDS, ScriptArguments, model_path_problem, parse_command
 from or1_trl.testing import save_tiny_model
+from .helpers import ENV, RECIPES, TINY, exit_code
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RECIPES = os.path.join(ROOT, "examples", "recipes")
-TINY = os.path.join(RECIPES, "tiny_cpu.yaml")
-# Subprocesses import this checkout's or1_trl (not another installed copy), as the console script would.
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline",
-       "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
 
 
 def or1_trl_cli(*args, cwd=None, timeout=120):
     """`or1-trl ARGS` in a fresh interpreter (the console script runs `or1_trl.cli:main`, see pyproject.toml)."""
     return subprocess.run([sys.executable, "-m", "or1_trl.cli", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=timeout, env=ENV)
-
-
-def exit_code(capsys, *argv):
-    """`main(argv)` in-process: its exit status and (stdout, stderr)."""
-    with pytest.raises(SystemExit) as exc:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    return exc.value.code, out, err
 
 
 def test_console_script_is_main():

@@ -5,22 +5,13 @@ import glob
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 from accelerate.commands.config.config_args import load_config_from_file
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+from .helpers import ROOT, free_port
 
 def launch_rejection_run(tmp_path, *arguments):
     command = [

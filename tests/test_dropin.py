@@ -23,8 +23,8 @@ from or1_trl import OR1Config, OR1Trainer
 from or1_trl.recipe.rejection import WEIGHT_KEY
 from or1_trl.testing import save_tiny_model, tiny_training_args
 from or1_trl.trainer.or1_trainer import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY
-from tests.test_loss_reference import _fixed_batch, _reference_logps_entropy
-from tests.test_trainer import ScriptedReward, logged, tagged_dataset
+from tests.helpers import fixed_batch, reference_logps_entropy
+from tests.helpers import ScriptedReward, logged, tagged_dataset
 
 ALPHA = 0.03
 
@@ -55,11 +55,11 @@ def _trainer(model_dir, tmp_path, perturb=False, **overrides):
 
 def _batch(trainer):
     """8 rows; rows 4-7 are a rejected group (weight 0); ref log-probs from the trainer's reference model."""
-    batch = _fixed_batch(trainer.model, trainer.model.config.vocab_size)
+    batch = fixed_batch(trainer.model, trainer.model.config.vocab_size)
     batch[KEPT_GROUP_ROWS_KEY] = batch[KEPT_ROWS_KEY] = torch.tensor(4.0)
     if trainer.ref_model is not None:
         with torch.no_grad():
-            batch["ref_per_token_logps"], _ = _reference_logps_entropy(
+            batch["ref_per_token_logps"], _ = reference_logps_entropy(
                 trainer.ref_model, batch["prompt_ids"], batch["completion_ids"], batch["completion_mask"])
     return batch
 
@@ -72,7 +72,7 @@ def _kept(batch):
 def _reference(model, batch, loss_type, alpha=ALPHA, eps=0.2, beta=0.0, sequence=False, opsm=None, max_len=6):
     """TRL's loss of `loss_type` on the kept rows, from the equations in the module docstring; plain torch."""
     kept = _kept(batch)
-    logps, entropy = _reference_logps_entropy(model, kept["prompt_ids"], kept["completion_ids"], kept["completion_mask"])
+    logps, entropy = reference_logps_entropy(model, kept["prompt_ids"], kept["completion_ids"], kept["completion_mask"])
     m = kept["completion_mask"].float()  # [K, T]
     A = kept["advantages"][:, None]  # [K, 1]
     log_ratio = logps - kept["old_per_token_logps"]  # [K, T]
@@ -131,7 +131,7 @@ def test_loss_and_gradient_match_trl_reference_on_kept_rows(model_dir, tmp_path,
     _assert_loss_and_gradient(trainer, batch, _reference, **reference)
     if case == "off_policy_mask":  # the mask really drops a kept row here (negative advantage, drifted)
         kept = _kept(batch)
-        logps, _ = _reference_logps_entropy(trainer.model, kept["prompt_ids"], kept["completion_ids"], kept["completion_mask"])
+        logps, _ = reference_logps_entropy(trainer.model, kept["prompt_ids"], kept["completion_ids"], kept["completion_mask"])
         m = kept["completion_mask"].float()
         mean_kl = ((kept["old_per_token_logps"] - logps) * m).sum(1) / m.sum(1)
         assert ((kept["advantages"] < 0) & (mean_kl > 0.05)).any()
@@ -207,7 +207,7 @@ def test_other_loss_types_are_trls_loss_on_kept_rows(model_dir, tmp_path, loss_t
         trainer._or1_loss_enabled = False
         trl = trainer._compute_loss(model, kept)  # TRL's loss on the kept rows (its entropy bonus is off)
         trainer._or1_loss_enabled = True
-        _, entropy = _reference_logps_entropy(model, kept["prompt_ids"], kept["completion_ids"], kept["completion_mask"])
+        _, entropy = reference_logps_entropy(model, kept["prompt_ids"], kept["completion_ids"], kept["completion_mask"])
         m = kept["completion_mask"].float()
         h = entropy * m
         if selected:  # TRL's loss is Σ over the top-half entropy tokens / T_k; the official normaliser: / selected
@@ -303,7 +303,7 @@ def test_only_undefined_combinations_are_refused(tmp_path, overrides, message):
     ],
 )
 def test_unknown_reward_funcs_fail_before_anything_loads(tmp_path, capsys, name, message):
-    from tests.test_cli import TINY, exit_code
+    from tests.helpers import TINY, exit_code
 
     code, _, err = exit_code(capsys, "train", "--config", TINY, "--reward_funcs", "think_format_reward", name,
                              "--model_name_or_path", str(tmp_path / "no-model"), "--dataset_name", "none")
@@ -332,7 +332,7 @@ def test_train_with_reward_funcs_alone_or_beside_the_verifier(tmp_path, beside):
     import subprocess
     import sys
 
-    from tests.test_cli import ENV, TINY
+    from tests.helpers import ENV, TINY
 
     data = tmp_path / "data"
     data.mkdir()

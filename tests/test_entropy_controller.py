@@ -1,30 +1,10 @@
 """Eq. 3.2 — the controller alone, against a plain transcription of the equation."""
 
-import math
 
 import pytest
 
 from or1_trl.recipe.entropy import ENTROPY_PRESETS, AdaptiveEntropyController
-
-
-def reference_eq_3_2(entropies, tgt, delta, c_min, c_max):
-    """Plain transcription of eq. 3.2 with the documented one-step lag of the gate.
-
-    Returns the list of (alpha applied at step k, c after the update at step k) for k = 0, 1, ...
-    `None` in `entropies` is a step with no kept token: nothing measured, nothing changes.
-    """
-    c, last_e, out = 0.0, math.inf, []
-    for e in entropies:
-        alpha = c if last_e <= tgt else 0.0  # α_k = c_k · 1{e ≤ tgt}, gated by the last measured e
-        if e is not None:
-            if e < tgt:
-                c = c + delta
-            elif e > tgt:
-                c = c - delta
-            c = min(max(c, c_min), c_max)
-            last_e = e
-        out.append((alpha, c))
-    return out
+from .helpers import reference_eq_3_2
 
 
 SCRIPT = [0.5, 0.15, 0.1, None, 0.05, 0.2, 0.3, 0.19, None, None, 0.25, 0.1, 0.1, 0.1, 0.1]

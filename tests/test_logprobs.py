@@ -11,17 +11,15 @@ import inspect
 import pytest
 import torch
 import trl.trainer.utils as trl_utils
-from datasets import Dataset
 from trl.kernels import ChunkedLogProbFunction
 from trl.trainer.utils import add_fused_lm_head
 
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.trainer.logprobs import LigerLogProbFunction, liger_logps_and_entropy, resolve_logprob_backend, use_liger_head
-from or1_trl.recipe.rejection import WEIGHT_KEY
 from or1_trl.testing import save_tiny_model, tiny_model, tiny_model_and_tokenizer, tiny_tokenizer, tiny_training_args
 
-from .test_loss_reference import _fixed_batch
-from .test_trainer import ScriptedReward, logged, tagged_dataset
+from .helpers import fixed_batch
+from .helpers import ScriptedReward, logged, tagged_dataset
 
 LIGER_NODE, TRL_NODE = "_FusedLinearPPOFallbackFunctionBackward", "ChunkedLogProbFunctionBackward"
 TIMINGS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
@@ -221,7 +219,7 @@ def test_backends_agree_on_a_fixed_batch(tmp_path, peft):
         trainer.current_gradient_accumulation_steps = 1
         trainer.model.train()
         trainer.entropy_controller.coef, trainer.entropy_controller.last_entropy = 0.05, 0.0  # α = 0.05
-        batch = _fixed_batch(trainer.model, trainer.model.config.vocab_size)
+        batch = fixed_batch(trainer.model, trainer.model.config.vocab_size)
         batch["prompt_mask"][[1, 5], :2] = 0  # left-padded prompts
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)

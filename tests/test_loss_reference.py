@@ -13,8 +13,8 @@ from or1_trl import OR1Config, OR1Trainer
 from or1_trl.recipe.rejection import WEIGHT_KEY
 from or1_trl.trainer.or1_trainer import KEPT_ROWS_KEY
 from or1_trl.testing import tiny_training_args as cpu_args
+from .helpers import B, T, fixed_batch, reference_logps_entropy
 
-B, P, T = 8, 5, 7  # rows, prompt length, completion length
 
 
 def _trainer(tiny, tmp_path, **overrides):
@@ -27,42 +27,8 @@ def _trainer(tiny, tmp_path, **overrides):
     return trainer
 
 
-def _fixed_batch(model, vocab):
-    g = torch.Generator().manual_seed(1234)
-    prompt_ids = torch.randint(5, vocab, (B, P), generator=g)
-    completion_ids = torch.randint(5, vocab, (B, T), generator=g)
-    lengths = torch.tensor([7, 3, 5, 7, 1, 6, 7, 4])
-    completion_mask = (torch.arange(T)[None, :] < lengths[:, None]).long()  # right padding
-    weight = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0], dtype=torch.float)  # rows 4-7: a rejected group
-    advantages = torch.tensor([1.2, -0.4, 0.7, -1.5, 0.0, 0.0, 0.0, 0.0])
-    with torch.no_grad():
-        logps, _ = _reference_logps_entropy(model, prompt_ids, completion_ids, completion_mask)
-    old = logps + 0.3 * torch.randn(B, T, generator=g)  # ρ far from 1: clipping is exercised on both sides
-    kept_tokens = (completion_mask * weight[:, None]).sum()
-    return {
-        "prompt_ids": prompt_ids,
-        "prompt_mask": torch.ones(B, P, dtype=torch.long),
-        "completion_ids": completion_ids,
-        "completion_mask": completion_mask,
-        "advantages": advantages,
-        "old_per_token_logps": old,
-        "num_items_in_batch": kept_tokens,
-        WEIGHT_KEY: weight,
-    }
-
-
-def _reference_logps_entropy(model, prompt_ids, completion_ids, completion_mask):
-    input_ids = torch.cat([prompt_ids, completion_ids], 1)
-    attention_mask = torch.cat([torch.ones_like(prompt_ids), completion_mask], 1)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, P - 1 : -1].float()  # [B, T, V]
-    log_probs = torch.log_softmax(logits, -1)
-    logps = log_probs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
-    entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return logps, entropy
-
-
 def _reference_loss(model, batch, alpha, eps_low, eps_high, rho=1.0, normalization="all"):
-    logps, entropy = _reference_logps_entropy(model, batch["prompt_ids"], batch["completion_ids"], batch["completion_mask"])
+    logps, entropy = reference_logps_entropy(model, batch["prompt_ids"], batch["completion_ids"], batch["completion_mask"])
     kept = batch["completion_mask"].float() * batch[WEIGHT_KEY][:, None]  # tokens of kept groups
     T_k = kept.sum()
     A = batch["advantages"][:, None]
@@ -92,7 +58,7 @@ def test_loss_matches_paper_equation(tiny, tmp_path, alpha, rho, normalization, 
     )
     trainer.entropy_controller.coef = alpha
     trainer.entropy_controller.last_entropy = 0.0  # gate open: α = c
-    batch = _fixed_batch(trainer.model, len(tiny[1]))
+    batch = fixed_batch(trainer.model, len(tiny[1]))
     loss = trainer._compute_loss(trainer.model, batch)
     expected = _reference_loss(trainer.model, batch, alpha, 0.2, 0.28, rho, normalization)
     assert loss.item() == pytest.approx(expected.item(), abs=1e-6)
@@ -103,7 +69,7 @@ def test_loss_matches_paper_equation(tiny, tmp_path, alpha, rho, normalization, 
 def test_gradient_matches_reference(tiny, tmp_path, backend):
     trainer = _trainer(tiny, tmp_path, top_entropy_quantile=0.2, rejection_sampling="mask", logprob_backend=backend)
     trainer.entropy_controller.coef, trainer.entropy_controller.last_entropy = 0.05, 0.0
-    batch = _fixed_batch(trainer.model, len(tiny[1]))
+    batch = fixed_batch(trainer.model, len(tiny[1]))
     trainer._compute_loss(trainer.model, batch).backward()
     ours = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
     trainer.model.zero_grad()
@@ -115,7 +81,7 @@ def test_gradient_matches_reference(tiny, tmp_path, backend):
 def test_rejected_rows_change_nothing(tiny, tmp_path):
     """Rejected rows are out of the loss, the entropy term and T_k: their content does not matter."""
     trainer = _trainer(tiny, tmp_path, rejection_sampling="mask", use_adaptive_entropy=False, entropy_coef=0.05)
-    batch = _fixed_batch(trainer.model, len(tiny[1]))
+    batch = fixed_batch(trainer.model, len(tiny[1]))
     loss = trainer._compute_loss(trainer.model, batch)
     scrambled = {**batch, "completion_ids": batch["completion_ids"].clone()}
     scrambled["completion_ids"][4:] = torch.randint(5, 100, (4, T))
@@ -125,7 +91,7 @@ def test_rejected_rows_change_nothing(tiny, tmp_path):
 def test_or1_loss_path_equals_trl_dapo(tiny, tmp_path):
     """With no entropy term and no rejected rows, our aggregation is TRL's 'dapo' loss exactly."""
     trainer = _trainer(tiny, tmp_path, top_entropy_quantile=0.2, use_adaptive_entropy=False, rejection_sampling="off")
-    batch = _fixed_batch(trainer.model, len(tiny[1]))
+    batch = fixed_batch(trainer.model, len(tiny[1]))
     batch[WEIGHT_KEY] = torch.ones(B)
     batch["num_items_in_batch"] = batch["completion_mask"].sum()
     trainer._or1_loss_enabled = True
@@ -141,7 +107,7 @@ def test_no_full_vocabulary_logits(tiny, tmp_path, backend):
     trainer = _trainer(tiny, tmp_path, rejection_sampling="mask", logprob_backend=backend)
     calls = []
     handle = trainer.model.lm_head.register_forward_hook(lambda *a: calls.append(a[2].shape))
-    batch = _fixed_batch(trainer.model, len(tiny[1]))  # builds the reference (calls lm_head) before the hook counts
+    batch = fixed_batch(trainer.model, len(tiny[1]))  # builds the reference (calls lm_head) before the hook counts
     calls.clear()
     trainer._compute_loss(trainer.model, batch).backward()
     handle.remove()
@@ -167,7 +133,7 @@ def test_selected_normalisation_weighs_micro_batches_by_their_kept_rows(tiny, tm
             use_adaptive_entropy=False, gradient_accumulation_steps=steps,
         )
         trainer.current_gradient_accumulation_steps = steps
-        batch = _fixed_batch(trainer.model, len(tiny[1]))  # rows 0-3 kept, rows 4-7 a rejected group
+        batch = fixed_batch(trainer.model, len(tiny[1]))  # rows 0-3 kept, rows 4-7 a rejected group
         batch[KEPT_ROWS_KEY] = torch.tensor(4.0)
         trainer.model.zero_grad()
         losses[name] = 0.0

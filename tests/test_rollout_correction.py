@@ -13,8 +13,8 @@ from or1_trl.recipe import rollout_correction as rc
 from or1_trl.recipe.rejection import WEIGHT_KEY, compact_batch
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
-from .test_loss_reference import _fixed_batch, _reference_logps_entropy
-from .test_trainer import ScriptedReward, logged, tagged_dataset
+from .helpers import fixed_batch, reference_logps_entropy
+from .helpers import ScriptedReward, logged, tagged_dataset
 
 
 def _batch(rows=6, width=9, seed=0, spread=0.4):
@@ -243,7 +243,7 @@ def test_off_loss_is_the_plain_equation(vllm_server_bf16, tmp_path):
         return trainer._compute_loss(trainer.model, batch).item(), trainer.model
 
     model, _ = tiny_model_and_tokenizer(seed=0, tie_word_embeddings=True)
-    batch = _fixed_batch(model, model.config.vocab_size)
+    batch = fixed_batch(model, model.config.vocab_size)
     batch["sampling_per_token_logps"] = batch["old_per_token_logps"] + 0.5  # a generator far off: ignored by "off"
     off, model = loss("off", batch)
     weights = rc.correction_weights(batch["old_per_token_logps"], batch["sampling_per_token_logps"],
@@ -252,7 +252,7 @@ def test_off_loss_is_the_plain_equation(vllm_server_bf16, tmp_path):
 
     def reference(w):
         with torch.no_grad():
-            logps, _ = _reference_logps_entropy(model, batch["prompt_ids"], batch["completion_ids"], batch["completion_mask"])
+            logps, _ = reference_logps_entropy(model, batch["prompt_ids"], batch["completion_ids"], batch["completion_mask"])
         kept = batch["completion_mask"].float() * batch[WEIGHT_KEY][:, None]
         ratio, A = torch.exp(logps - batch["old_per_token_logps"]), batch["advantages"][:, None]
         surrogate = torch.min(ratio * A, torch.clamp(ratio, 0.8, 1.2) * A)

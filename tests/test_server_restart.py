@@ -29,9 +29,10 @@ from or1_trl.testing import tiny_model_and_tokenizer
 from or1_trl.generation.weight_sync import DiskWeightSync, http_vllm_client
 
 from .conftest import VLLMServer, require_or_skip
-from .test_distributed import ROOT, free_port
-from .test_trainer import ScriptedReward, logged, tagged_dataset
-from .test_vllm_server import DIFF, TOL, model_logprobs, server_logprobs, tied_trainer
+from .helpers import ROOT, free_port
+from .helpers import logged, tagged_dataset
+from .helpers import DIFF, TOL, model_logprobs, server_logprobs, tied_trainer
+from .helpers import KillsTheServerMidStep
 
 
 @pytest.fixture(scope="module")
@@ -44,24 +45,6 @@ def server(tmp_path_factory):
     server = VLLMServer(python, tmp_path_factory.mktemp("vllm-restart"))
     yield server
     server.stop()
-
-
-class KillsTheServerMidStep(ScriptedReward):
-    """`ScriptedReward` (every group "MIX": informative) that, at its `at`-th call — a step's first rollout — calls
-    `kill()` and scores that rollout all 0, so that rejection refills the step: the refill round generates on
-    whatever server is there then."""
-
-    def __init__(self, kill, at: int):
-        super().__init__()
-        self.kill, self.at, self.calls = kill, at, 0
-
-    def __call__(self, prompts, completions, **kwargs):
-        self.calls += 1
-        rewards = super().__call__(prompts, completions, **kwargs)
-        if self.calls != self.at:
-            return rewards
-        self.kill()
-        return [0.0] * len(rewards)
 
 
 def test_training_waits_for_a_restarted_server_and_resyncs_it(server, tmp_path):

@@ -13,7 +13,7 @@ from or1_trl.recipe.prompts import (Outcome, PromptPool, PromptSampler, PromptSc
 from or1_trl.recipe.stages import parse_stages, stage_index, stage_shape, stage_shapes, validate_stages
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
-from .test_trainer import G, ScriptedReward, logged, tagged_dataset
+from .helpers import G, ScriptedReward, logged, tagged_dataset
 
 # ------------------------------------------------------------------------------------------------------------
 # Pure pieces

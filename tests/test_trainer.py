@@ -10,35 +10,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
-
-G = 4  # samples per prompt in tiny_training_args
-
-
-class ScriptedReward:
-    """Reward decided by the prompt's tag: ALL -> every sample 1 (solve_all), NONE -> 0 (solve_none),
-    MIX -> only the first sample of the group 1 (informative). Records, per call, how many rows are informative."""
-
-    __name__ = "scripted"
-
-    def __init__(self):
-        self.informative_rows = []
-
-    def __call__(self, prompts, completions, **kwargs):
-        rewards = []
-        for i, prompt in enumerate(prompts):
-            tag = prompt.split(":")[0]
-            rewards.append(1.0 if tag == "ALL" else 0.0 if tag == "NONE" else float(i % G == 0))
-        self.informative_rows.append(sum(p.startswith("MIX") for p in prompts))
-        return rewards
-
-
-def tagged_dataset(tags):
-    return Dataset.from_dict({"prompt": [f"{tag}: {i}+{i}=? A:" for i, tag in enumerate(tags)]})
-
-
-def parity_reward(completions, **kwargs):
-    return [float(len(c) % 2) for c in completions]
-
+from .helpers import ScriptedReward, logged, parity_reward, tagged_dataset
 
 def train(trainer_cls, config_cls, tmp_path, reward=parity_reward, dataset=None, **overrides):
     model, tokenizer = tiny_model_and_tokenizer(seed=0)
@@ -49,10 +21,6 @@ def train(trainer_cls, config_cls, tmp_path, reward=parity_reward, dataset=None,
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     return trainer, before
-
-
-def logged(trainer, key):
-    return [entry[key] for entry in trainer.state.log_history if key in entry]
 
 
 OR1_OFF = dict(rejection_sampling="off", use_adaptive_entropy=False, entropy_coef=0.0, logprob_backend="trl",
@@ -153,7 +121,7 @@ def test_skip_applies_only_to_rejected_steps(tmp_path):
 
 def test_controller_follows_eq_3_2_during_training(tmp_path):
     """Logged coefficients equal eq. 3.2 applied to the logged entropies (the target sits inside their range)."""
-    from .test_entropy_controller import reference_eq_3_2
+    from .helpers import reference_eq_3_2
 
     probe, _ = train(OR1Trainer, OR1Config, tmp_path / "probe", max_steps=1)
     target = logged(probe, "entropy/measured")[0] - 0.01  # first steps above tgt, later ones (lr high) below
@@ -171,7 +139,7 @@ def test_controller_follows_eq_3_2_during_training(tmp_path):
 
 def test_controller_window_sums_micro_steps_and_skips_empty_windows(tmp_path, tiny):
     """Scripted per-token entropies through the trainer's own window logic (2 micro-steps per step)."""
-    from .test_entropy_controller import reference_eq_3_2
+    from .helpers import reference_eq_3_2
 
     model, tokenizer = tiny
     args = OR1Config(**tiny_training_args(tmp_path, entropy_target=0.2, entropy_coef_delta=0.01))

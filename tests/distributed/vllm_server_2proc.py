@@ -12,7 +12,7 @@ import torch
 
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
-from tests.test_trainer import ScriptedReward, tagged_dataset
+from tests.helpers import ScriptedReward, tagged_dataset
 
 
 def main(output_dir, url, mode="sync"):

@@ -12,8 +12,8 @@ import sys
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.generation.server_health import ServerDownError
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
-from tests.test_server_restart import KillsTheServerMidStep
-from tests.test_trainer import tagged_dataset
+from tests.helpers import KillsTheServerMidStep
+from tests.helpers import tagged_dataset
 
 
 def main(output_dir, url, pid):
