@@ -149,7 +149,7 @@ def _start_server(tmp_path_factory, name: str, extra_args: tuple[str, ...] = ())
 @pytest.fixture(scope="module")
 def vllm_server_bf16(tmp_path_factory):
     """A second vLLM CPU server, the same tiny model in **bf16** (`--dtype bfloat16`), for one test module: an fp32
-    trainer against it sees a real train/inference mismatch (`tests/test_rollout_correction.py`). Its key is not
+    trainer against it sees a real train/inference mismatch (`tests/recipe/test_rollout_correction.py`). Its key is not
     exported (`$OR1_VLLM_API_KEY` stays the shared server's): clients pass `server.api_key` explicitly."""
     server = _start_server(tmp_path_factory, "vllm_bf16", ("--dtype", "bfloat16"))
     yield server

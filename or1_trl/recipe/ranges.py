@@ -6,7 +6,7 @@ past them stops a run after the model has loaded, or trains on in silence: `top_
 A value is valid when it is a number (`bool` is not), finite, an integer where the entry says so, and inside the
 entry's interval — or `None` where the field may be unset, or one of the entry's `special` values (`max_steps=-1`:
 "train `num_train_epochs` epochs"). `check_ranges(config)` raises one `ValueError` naming the field, its value, the
-valid range and why; `tests/test_config.py` walks the table (each bound refused one step outside, accepted on it).
+valid range and why; `tests/trainer/test_or1_config.py` walks the table (each bound refused one step outside, accepted on it).
 
 Relations between fields (`entropy_coef_min <= entropy_coef_max`, a batch divisible by `num_generations`) are checked
 where they are used (`OR1Config._validate_or1`, TRL's `GRPOConfig.__post_init__`), after these.

@@ -219,7 +219,7 @@ def score_answer(
 # Exact fast paths (installed in the worker processes only)
 # --------------------------------------------------------------------------------------------------------------
 # None of these changes a score: each returns what the plain rule returns, only sooner. ``num_workers=0`` runs the
-# plain rule, which is the reference they are tested against (tests/test_math_reward.py, benchmarks/rewards.py).
+# plain rule, which is the reference they are tested against (tests/rewards/test_math.py, benchmarks/rewards.py).
 
 
 #: Conversions decided by stage 1 (``sll``) and re-run by stage 2 (``ll``) of the two-stage parser, in this process.

@@ -17,7 +17,7 @@ still runs one forward of its wrapped model (DDP) and one backward per micro-ste
 ranks stay in lockstep and gradient accumulation is TRL's, unchanged.
 
 RoPE makes attention depend only on relative positions, so a sequence gives the same log-probs whether it starts at
-position 0 (packed) or after its left padding (padded): equal to float rounding (`tests/test_packing.py`).
+position 0 (packed) or after its left padding (padded): equal to float rounding (`tests/trainer/test_packing.py`).
 """
 
 from __future__ import annotations

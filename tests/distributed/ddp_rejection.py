@@ -1,4 +1,4 @@
-"""Run by tests/test_distributed.py under `accelerate launch` with 2 CPU processes (gloo).
+"""Run by tests/trainer/test_distributed.py under `accelerate launch` with 2 CPU processes (gloo).
 
 Rank 1's reward is constant, so every group of rank 1 is rejected: rank 1 keeps no row at all, while rank 0 keeps
 all of its rows. Each rank writes what it forwarded and a fingerprint of its weights. A third argument runs SGD,

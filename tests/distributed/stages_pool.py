@@ -1,4 +1,4 @@
-"""Run by tests/test_distributed.py under `accelerate launch` with 2 CPU processes (gloo): a two-stage run with the
+"""Run by tests/trainer/test_distributed.py under `accelerate launch` with 2 CPU processes (gloo): a two-stage run with the
 online filter. Each rank writes the pool, statistics and sampler position it holds, and a fingerprint of its weights."""
 
 import json

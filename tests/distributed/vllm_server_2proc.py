@@ -1,8 +1,8 @@
-"""Run by tests/test_vllm_server.py under `accelerate launch` with 2 CPU processes (gloo) against one vLLM server.
+"""Run by tests/generation/test_serve.py under `accelerate launch` with 2 CPU processes (gloo) against one vLLM server.
 
 Each rank writes the logged server/trainer log-prob differences, how many weight pushes it made, a fingerprint
 of its weights, and (rank 0) the sync directory the trainer chose and what it held at the end. A third argument
-"async" trains with one-step-off rollouts (tests/test_async_training.py)."""
+"async" trains with one-step-off rollouts (tests/generation/test_async_training.py)."""
 
 import json
 import os

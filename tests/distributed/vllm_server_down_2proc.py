@@ -1,4 +1,4 @@
-"""Run by tests/test_server_restart.py under `accelerate launch` with 2 CPU processes (gloo) against one vLLM server
+"""Run by tests/generation/test_server_health.py under `accelerate launch` with 2 CPU processes (gloo) against one vLLM server
 (its key in `$OR1_VLLM_API_KEY`), which rank 0's reward kills (SIGKILL to the process group `pid`) during step 2's
 first rollout, scoring it all 0 on both ranks so that the step's refill round generates on the dead server.
 

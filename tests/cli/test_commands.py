@@ -14,9 +14,8 @@ from trl import ModelConfig, TrlParser
 from or1_trl import OR1Config
 from or1_trl.cli import COMMANDS, ScriptArguments, model_path_problem, parse_command
 from or1_trl.testing import save_tiny_model
-from .helpers import ENV, RECIPES, TINY, exit_code
+from ..helpers import ENV, RECIPES, ROOT, TINY, exit_code
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def or1_trl_cli(*args, cwd=None, timeout=120):

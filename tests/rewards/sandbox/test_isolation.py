@@ -1,7 +1,7 @@
 """Sandboxes isolated from each other: across processes (uid slots), in memory (a bound per sample, not per process),
 and on the host's file system (a private /tmp), with infrastructure failures never scored as the program's 0.
 
-Real processes, real sandboxes throughout. ``test_suite_as_unprivileged_user`` (test_code_sandbox.py) re-runs this
+Real processes, real sandboxes throughout. ``test_suite_as_unprivileged_user`` (tests/rewards/test_code.py) re-runs this
 file as uid 65534, where each sandbox has a user namespace of its own and no cgroup can be made (the watchdog path).
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import pathlib
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,8 @@ from or1_trl.rewards.sandbox import Sandbox, SandboxUnavailable
 from or1_trl.rewards.sandbox import memory as sandbox_memory
 from or1_trl.rewards.sandbox.slots import acquire_uid_slot, slot_directory
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+REPO = str(pathlib.Path(os.path.abspath(__file__)).parents[3])  # the repository
 IS_ROOT = os.geteuid() == 0
 TIMEOUT = 4.0
 LIMITS = dict(timeout_per_test=TIMEOUT, total_timeout=20.0, max_processes=16, num_workers=2, min_isolation="bwrap")

@@ -16,7 +16,8 @@ from or1_trl.data.one_shot import epoch_accuracies, rank_prompts, replicate, sel
 from or1_trl.recipe.prompts import content_id
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from ..helpers import ROOT
+
 RECIPE = os.path.join(ROOT, "examples", "recipes", "one_shot_rlvr.yaml")
 
 

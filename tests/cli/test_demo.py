@@ -5,7 +5,8 @@ import re
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from ..helpers import ROOT
+
 
 
 def test_demo_runs_offline_and_improves(tmp_path):

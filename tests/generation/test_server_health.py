@@ -4,7 +4,7 @@ a resumed run's first rollout uses the resumed weights.
 
 Each test's claim is checked on TRL's own per-step gap between the server's and the trainer's log-probs of the
 sampled tokens (`sampling/sampling_logp_difference/max`): a server generating from other weights than the trainer's
-shows a gap orders of magnitude above 1e-4 (`test_vllm_server.py::test_without_a_sync_the_server_falls_behind`).
+shows a gap orders of magnitude above 1e-4 (`tests/generation/test_serve.py::test_without_a_sync_the_server_falls_behind`).
 The tests share one server of their own (not the session's: they kill it), started once and restarted three
 times (about 30 s each)."""
 
@@ -28,11 +28,11 @@ from or1_trl.generation.server_health import RESYNCS_METRIC, RETRY, ServerDownEr
 from or1_trl.testing import tiny_model_and_tokenizer
 from or1_trl.generation.weight_sync import DiskWeightSync, http_vllm_client
 
-from .conftest import VLLMServer, require_or_skip
-from .helpers import ROOT, free_port
-from .helpers import logged, tagged_dataset
-from .helpers import DIFF, TOL, model_logprobs, server_logprobs, tied_trainer
-from .helpers import KillsTheServerMidStep
+from ..conftest import VLLMServer, require_or_skip
+from ..helpers import ROOT, free_port
+from ..helpers import logged, tagged_dataset
+from ..helpers import DIFF, TOL, model_logprobs, server_logprobs, tied_trainer
+from ..helpers import KillsTheServerMidStep
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import os
 
 import torch
 
-from .helpers import logged
-from .helpers import DIFF, STAGES, TOL, tied_trainer, two_trainer_processes
+from ..helpers import logged
+from ..helpers import DIFF, STAGES, TOL, tied_trainer, two_trainer_processes
 
 STALENESS, OVERLAP = "async/staleness", "async/overlap"
 

@@ -12,7 +12,8 @@ from or1_trl import OR1Config
 from or1_trl.recipe.ranges import FIELD_RANGES, UNCHECKED, check_ranges
 from or1_trl.testing import tiny_training_args
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from ..helpers import ROOT
+
 
 
 def config(tmp_path, **overrides):
@@ -87,7 +88,7 @@ def test_vllm_weight_sync_defaults_to_disk_off_cuda(tmp_path):
 
 def readme_config_line() -> str:
     """The README's drop-in `OR1Config(...)` line, as a user copies it."""
-    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+    readme = open(os.path.join(ROOT, "README.md")).read()
     line = next(line for line in readme.splitlines() if line.startswith("+args = OR1Config("))
     return line[1:].split("#")[0].strip()
 

@@ -2,7 +2,7 @@
 
 Every hostile program is scored in a batch together with honest samples: the hostile one must score 0 within
 its bound, the honest ones must still score 1, the test process must be unaffected and nothing outside the
-sandbox may change. ``test_suite_as_unprivileged_user`` re-runs this file (and test_sandbox_backends.py) as
+sandbox may change. ``test_suite_as_unprivileged_user`` re-runs this file (and tests/rewards/sandbox/test_runner.py) as
 uid 65534 when run as root. Real processes throughout (no mocks).
 
 The suite needs bubblewrap (full isolation): without a working bwrap its tests skip with the reason, and fail
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
 import shutil
 import socket
@@ -28,7 +29,8 @@ import pytest
 from or1_trl.rewards.code import CodeReward, code_reward, extract_code
 from or1_trl.rewards.sandbox import Sandbox, SandboxUnavailable, decode_value, encode_value
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+REPO = str(pathlib.Path(os.path.abspath(__file__)).parents[2])  # the repository
 NESTED = os.environ.get("OR1_SANDBOX_NESTED") == "1"
 
 # Small limits keep the suite fast; the bounds below are derived from them.
@@ -522,9 +524,14 @@ os.execve(sys.executable, [sys.executable] + argv, env)
 """
 
 
+#: What the unprivileged re-run copies of `tests/` (the test files it runs, and the packages they sit in).
+NESTED_FILES = ("__init__.py", "conftest.py", "rewards/__init__.py", "rewards/test_code.py", "rewards/sandbox/__init__.py",
+                "rewards/sandbox/test_runner.py", "rewards/sandbox/test_isolation.py")
+
+
 def test_suite_as_unprivileged_user(sandbox_missing):
-    """Re-run this file, test_sandbox_backends.py and test_sandbox_isolation.py as uid 65534 (nobody): bwrap then
-    builds a user namespace, and no cgroup can be made (the memory watchdog bounds the samples)."""
+    """Re-run this file and tests/rewards/sandbox/ (`NESTED_FILES`) as uid 65534 (nobody): bwrap then builds a user
+    namespace, and no cgroup can be made (the memory watchdog bounds the samples)."""
     if NESTED:
         pytest.skip("already the unprivileged run")
     if os.geteuid() != 0:
@@ -539,9 +546,8 @@ def test_suite_as_unprivileged_user(sandbox_missing):
     os.chmod(stage, 0o755)
     shutil.copytree(os.path.join(REPO, "or1_trl"), os.path.join(stage, "or1_trl"),
                     ignore=shutil.ignore_patterns("__pycache__"))
-    os.makedirs(os.path.join(stage, "tests"))
-    for name in ("__init__.py", "conftest.py", "test_code_sandbox.py", "test_sandbox_backends.py",
-                 "test_sandbox_isolation.py"):
+    for name in NESTED_FILES:
+        os.makedirs(os.path.dirname(os.path.join(stage, "tests", name)), exist_ok=True)
         shutil.copy(os.path.join(REPO, "tests", name), os.path.join(stage, "tests", name))
     for root, dirs, files in os.walk(stage):
         for name in dirs + files:
@@ -550,9 +556,7 @@ def test_suite_as_unprivileged_user(sandbox_missing):
     env = dict(os.environ, OR1_NESTED_HOME=home, OR1_NESTED_CWD=stage)
     cmd = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", _NESTED_LAUNCHER, "65534",
            ":".join(exposes), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=-ra",
-           os.path.join(stage, "tests", "test_code_sandbox.py"),
-           os.path.join(stage, "tests", "test_sandbox_backends.py"),
-           os.path.join(stage, "tests", "test_sandbox_isolation.py")]
+           *(os.path.join(stage, "tests", name) for name in NESTED_FILES if os.path.basename(name).startswith("test_"))]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=170)
     finally:

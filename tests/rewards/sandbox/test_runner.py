@@ -2,7 +2,7 @@
 error (``SandboxUnavailable``, or ``sandbox_error`` samples), never a silent 0.0.
 
 Real processes throughout: broken interpreters are real files (not executable, behind a 0700 directory, removed
-after the probe). ``test_suite_as_unprivileged_user`` (test_code_sandbox.py) re-runs this file as uid 65534.
+after the probe). ``test_suite_as_unprivileged_user`` (tests/rewards/test_code.py) re-runs this file as uid 65534.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import ast
 import importlib.util
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,9 @@ import pytest
 from or1_trl.rewards.code import CodeReward
 from or1_trl.rewards.sandbox import LOST_ISOLATION, Sandbox, SandboxError, SandboxUnavailable, bwrap_candidates
 from or1_trl.rewards.sandbox import decode_value, driver, encode_value
+
+REPO = str(pathlib.Path(os.path.abspath(__file__)).parents[3])  # the repository
+
 
 CORRECT = "```python\nprint(int(input()) + 1)\n```"
 WRONG = "```python\nprint(int(input()) + 2)\n```"
@@ -175,7 +179,7 @@ def test_system_bwrap_wins_then_the_wheel(sandbox_missing):
 def test_venv_and_package_under_tmp(backend, scratch, sandbox_missing):
     # The sandbox package, copied below /tmp: its Sandbox runs that copy's driver.py as the driver.
     stage = os.path.join(scratch, "pkg", "sandbox")
-    shutil.copytree(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "or1_trl", "rewards",
+    shutil.copytree(os.path.join(REPO, "or1_trl", "rewards",
                                  "sandbox"), stage, ignore=shutil.ignore_patterns("__pycache__"))
     spec = importlib.util.spec_from_file_location("or1_sandbox_under_tmp", os.path.join(stage, "__init__.py"),
                                                   submodule_search_locations=[stage])

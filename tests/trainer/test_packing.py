@@ -12,7 +12,7 @@ from or1_trl.trainer.logprobs import liger_available, use_liger_head
 from or1_trl.trainer.packing import build_pack, fused_head_forward, packed_logps_and_entropies, plan_forwards
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
-from .helpers import logged, parity_reward, tagged_dataset
+from ..helpers import logged, parity_reward, tagged_dataset
 
 
 def test_plan_forwards_packs_first_fit_decreasing_under_the_budget():

@@ -13,7 +13,7 @@ from or1_trl import OR1Config, OR1Trainer
 from or1_trl.recipe.rejection import WEIGHT_KEY
 from or1_trl.trainer.or1_trainer import KEPT_ROWS_KEY
 from or1_trl.testing import tiny_training_args as cpu_args
-from .helpers import B, T, fixed_batch, reference_logps_entropy
+from ..helpers import B, T, fixed_batch, reference_logps_entropy
 
 
 

@@ -21,6 +21,8 @@ import pytest
 from or1_trl.rewards import MathReward, extract_final_answer, math_reward, score_answer
 from or1_trl.rewards import math as math_module
 
+from ..helpers import ROOT
+
 MB = 1_000_000
 
 # (label, completion, gold(s), expected score, expected status)
@@ -411,7 +413,6 @@ def test_custom_score_fn_in_process():
     assert reward.score_with_status([r"\boxed{1}", "x"], ["1", "2"]) == [(0.5, "custom"), (0.5, "custom")]
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEAVY = ("torch", "trl", "transformers")
 
 

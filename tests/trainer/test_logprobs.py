@@ -18,8 +18,8 @@ from or1_trl import OR1Config, OR1Trainer
 from or1_trl.trainer.logprobs import LigerLogProbFunction, liger_logps_and_entropy, resolve_logprob_backend, use_liger_head
 from or1_trl.testing import save_tiny_model, tiny_model, tiny_model_and_tokenizer, tiny_tokenizer, tiny_training_args
 
-from .helpers import fixed_batch
-from .helpers import ScriptedReward, logged, tagged_dataset
+from ..helpers import fixed_batch
+from ..helpers import ScriptedReward, logged, tagged_dataset
 
 LIGER_NODE, TRL_NODE = "_FusedLinearPPOFallbackFunctionBackward", "ChunkedLogProbFunctionBackward"
 TIMINGS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}

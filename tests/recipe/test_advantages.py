@@ -13,7 +13,7 @@ from or1_trl.recipe.rejection import group_outcomes
 from or1_trl.recipe.rollout import scalar_rewards
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
-from .helpers import parity_reward, tagged_dataset
+from ..helpers import parity_reward, tagged_dataset
 
 G = 4
 EPS = 1e-4  # TRL's: advantages = (r - mean) / (std + 1e-4)

@@ -13,8 +13,8 @@ from or1_trl.recipe import rollout_correction as rc
 from or1_trl.recipe.rejection import WEIGHT_KEY, compact_batch
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
-from .helpers import fixed_batch, reference_logps_entropy
-from .helpers import ScriptedReward, logged, tagged_dataset
+from ..helpers import fixed_batch, reference_logps_entropy
+from ..helpers import ScriptedReward, logged, tagged_dataset
 
 
 def _batch(rows=6, width=9, seed=0, spread=0.4):

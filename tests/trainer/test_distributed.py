@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 from accelerate.commands.config.config_args import load_config_from_file
-from .helpers import ROOT, free_port
+from ..helpers import ROOT, free_port
 
 def launch_rejection_run(tmp_path, *arguments):
     command = [

@@ -14,7 +14,8 @@ import pytest
 import or1_trl
 from or1_trl.cli import DEBUG_ENV, main
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from ..helpers import ROOT
+
 TINY = os.path.join(ROOT, "examples", "recipes", "tiny_cpu.yaml")
 
 

@@ -4,7 +4,7 @@
 import pytest
 
 from or1_trl.recipe.entropy import ENTROPY_PRESETS, AdaptiveEntropyController
-from .helpers import reference_eq_3_2
+from ..helpers import reference_eq_3_2
 
 
 SCRIPT = [0.5, 0.15, 0.1, None, 0.05, 0.2, 0.3, 0.19, None, None, 0.25, 0.1, 0.1, 0.1, 0.1]

@@ -21,9 +21,9 @@ from or1_trl.generation.serve import API_KEY_ENV, AUTH_MIDDLEWARE, SERVER_MODULE
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 from or1_trl.generation.weight_sync import WORKER_EXTENSION_VERSION, DiskWeightSync
 
-from .helpers import free_port
-from .helpers import G, ScriptedReward, logged, tagged_dataset
-from .helpers import DIFF, STAGES, TOL, model_logprobs, server_args, server_logprobs, tied_trainer, two_trainer_processes
+from ..helpers import free_port
+from ..helpers import G, ScriptedReward, logged, tagged_dataset
+from ..helpers import DIFF, STAGES, TOL, model_logprobs, server_args, server_logprobs, tied_trainer, two_trainer_processes
 
 def test_serve_passes_trls_flags_for_nccl_and_the_extension_for_disk():
     from trl.scripts.vllm_serve import ScriptArguments, build_command as trl_build_command
@@ -91,7 +91,7 @@ def test_the_server_checks_the_flags_as_vllm_resolved_them(tmp_path):
     with one line and exit 2 before anything is bound. Checked with vLLM's real parser, past the wrapper's check."""
     from or1_trl.testing import vllm_python
 
-    from .conftest import require_or_skip
+    from ..conftest import require_or_skip
 
     python = vllm_python()
     if python is None:
@@ -431,7 +431,7 @@ def test_a_key_given_as_a_flag_is_never_written(vllm_server, tmp_path):
     placeholder) or in what the command printed. The key reaches the trainer from the flag only."""
     from or1_trl.trainer.or1_config import API_KEY_PLACEHOLDER
 
-    from .helpers import ENV, TINY
+    from ..helpers import ENV, TINY
 
     key = vllm_server.api_key
     data = tmp_path / "train.jsonl"

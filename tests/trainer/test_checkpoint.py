@@ -27,7 +27,7 @@ from or1_trl import OR1Config, OR1Trainer, cli
 from or1_trl.trainer import checkpoint
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
-from .helpers import logged, parity_reward, tagged_dataset
+from ..helpers import logged, parity_reward, tagged_dataset
 
 COMMON = dict(max_steps=6, learning_rate=1e-3, entropy_target=100.0, save_strategy="steps", save_steps=2, save_total_limit=1)
 # Two steps, a checkpoint after each: checkpoint-1 and checkpoint-2, and 2 prompts x 2 steps in prompt_stats.jsonl.

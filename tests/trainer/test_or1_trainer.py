@@ -10,7 +10,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
-from .helpers import ScriptedReward, logged, parity_reward, tagged_dataset
+from ..helpers import ScriptedReward, logged, parity_reward, tagged_dataset
 
 def train(trainer_cls, config_cls, tmp_path, reward=parity_reward, dataset=None, **overrides):
     model, tokenizer = tiny_model_and_tokenizer(seed=0)
@@ -121,7 +121,7 @@ def test_skip_applies_only_to_rejected_steps(tmp_path):
 
 def test_controller_follows_eq_3_2_during_training(tmp_path):
     """Logged coefficients equal eq. 3.2 applied to the logged entropies (the target sits inside their range)."""
-    from .helpers import reference_eq_3_2
+    from ..helpers import reference_eq_3_2
 
     probe, _ = train(OR1Trainer, OR1Config, tmp_path / "probe", max_steps=1)
     target = logged(probe, "entropy/measured")[0] - 0.01  # first steps above tgt, later ones (lr high) below
@@ -139,7 +139,7 @@ def test_controller_follows_eq_3_2_during_training(tmp_path):
 
 def test_controller_window_sums_micro_steps_and_skips_empty_windows(tmp_path, tiny):
     """Scripted per-token entropies through the trainer's own window logic (2 micro-steps per step)."""
-    from .helpers import reference_eq_3_2
+    from ..helpers import reference_eq_3_2
 
     model, tokenizer = tiny
     args = OR1Config(**tiny_training_args(tmp_path, entropy_target=0.2, entropy_coef_delta=0.01))
