@@ -114,3 +114,45 @@ def test_no_import_circle_in_the_package():
     circle = find_circle(graph)
     assert circle is None, "import circle: " + " -> ".join(
         f"{a} (line {graph[a][b]})" for a, b in zip(circle, circle[1:])) + f" -> {circle[-1]}"
+
+
+#: The layers of the package (issue 33): what each sub-package may import of `or1_trl`. The paper's pieces, the
+#: rewards and generation import nothing of the training run, its data, evaluation or the command line; the
+#: top-level leaves `files` (atomic writes) and `paths` (path checks) are open to all.
+MAY_IMPORT = {
+    "recipe": {"recipe"},
+    "rewards": {"rewards"},
+    "generation": {"generation", "recipe", "rewards"},
+    "data": {"data", "recipe", "rewards", "generation"},
+    "eval": {"eval", "data", "recipe", "rewards", "generation"},
+    "trainer": {"trainer", "eval", "data", "recipe", "rewards", "generation"},
+}
+LEAVES = {"files", "paths"}
+
+
+def _room(module: str) -> str:
+    """`or1_trl.recipe.loss` -> `recipe`; `or1_trl.files` -> `files`; the package itself -> ``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layering_breaks(graph: dict[str, dict[str, int]]) -> list[str]:
+    """Every import of `graph` that crosses the layers of `MAY_IMPORT`, as `module (line N) -> target`."""
+    return [f"{module} (line {line}) -> {target}"
+            for module, edges in sorted(graph.items()) if _room(module) in MAY_IMPORT
+            for target, line in sorted(edges.items())
+            if _room(target) not in MAY_IMPORT[_room(module)] | LEAVES]
+
+
+def test_layering_sees_an_upward_import():
+    graph = {"or1_trl.recipe.loss": {"or1_trl.trainer.checkpoint": 7, "or1_trl.files": 3},
+             "or1_trl.generation.serve": {"or1_trl.recipe.ranges": 1, "or1_trl.data.released": 9},
+             "or1_trl.cli.run": {"or1_trl.trainer.or1_trainer": 2}}
+    assert layering_breaks(graph) == ["or1_trl.generation.serve (line 9) -> or1_trl.data.released",
+                                      "or1_trl.recipe.loss (line 7) -> or1_trl.trainer.checkpoint"]
+
+
+def test_no_import_runs_up_the_layers():
+    graph = import_graph()
+    assert {_room(m) for m in graph} >= set(MAY_IMPORT) | {"cli"}, "a sub-package of the layout is missing"
+    assert layering_breaks(graph) == []
