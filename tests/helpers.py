@@ -4,7 +4,8 @@
 
 - The released data's layout: a local dataset exactly like `Skywork/Skywork-OR1-RL-Data` (its card's features and
   `math` / `code` splits), for tests that must not touch the network.
-- Trainer runs: `tagged_dataset`, `ScriptedReward`, `parity_reward`, `logged`, group size `G`.
+- Trainer runs: `tagged_dataset`, `ScriptedReward`, `parity_reward`, `logged`, group size `G`, the trainer's
+  warnings with their steps (`TrainerLog`).
 - Plain references written from the paper: eq. 3.1's log-probs/entropies on a fixed batch
   (`reference_logps_entropy`, `fixed_batch`), eq. 3.2 (`reference_eq_3_2`).
 - The real vLLM CPU server: `server_args`, `tied_trainer`, `model_logprobs`/`server_logprobs` and their tolerance
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import socket
@@ -314,3 +316,25 @@ class KillsTheServerMidStep(ScriptedReward):
             return rewards
         self.kill()
         return [0.0] * len(rewards)
+
+
+class TrainerLog(logging.Handler):
+    """The trainer's warnings, each with the optimizer steps completed when it was given."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.trainer, self.records = None, []
+
+    def emit(self, record):
+        step = self.trainer.state.global_step if self.trainer is not None else None
+        self.records.append((step, record.getMessage()))
+
+    def __enter__(self):
+        logging.getLogger("or1_trl.trainer.or1_trainer").addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger("or1_trl.trainer.or1_trainer").removeHandler(self)
+
+    def matching(self, text):
+        return [(step, message) for step, message in self.records if text in message]

@@ -1,26 +1,21 @@
 """No silent nonsense: gold answers of the wrong type, empty datasets and over-long prompts stop the run before the
-first step (Python API and CLI); a non-finite reward is an error (or, opted in, 0 and counted); a run whose steps are
-all skipped says so."""
+first step (Python API and CLI). A non-finite reward: `tests/trainer/test_reward_checks.py`; a run whose steps are all
+skipped: `tests/trainer/test_observability.py`."""
 
-import logging
-import math
 import re
 
 import numpy as np
 import pytest
-import torch
 from datasets import Dataset
 from trl import GRPOConfig
 
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.data.released import InvalidRow, check_datasets, check_math_gold, check_prompt_lengths, math_golds, training_dataset
-from or1_trl.trainer.observability import SkippedStepWatch
-from or1_trl.recipe.rejection import group_outcomes
-from or1_trl.trainer.reward_checks import nonfinite_mask, record_abstentions
 from or1_trl.rewards import MathReward, code_reward, mixed_rewards
 from or1_trl.testing import tiny_model, tiny_tokenizer, tiny_training_args
 
-G = 4  # samples per prompt in tiny_training_args
+from ..helpers import TrainerLog
+
 NO_MODEL = "/nonexistent/model"  # the pre-flight fails before this is loaded
 
 
@@ -33,26 +28,6 @@ def args(tmp_path):
     return OR1Config(**tiny_training_args(tmp_path))
 
 
-class TrainerLog(logging.Handler):
-    """The trainer's warnings, each with the optimizer steps completed when it was given."""
-
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.trainer, self.records = None, []
-
-    def emit(self, record):
-        step = self.trainer.state.global_step if self.trainer is not None else None
-        self.records.append((step, record.getMessage()))
-
-    def __enter__(self):
-        logging.getLogger("or1_trl.trainer.or1_trainer").addHandler(self)
-        return self
-
-    def __exit__(self, *exc):
-        logging.getLogger("or1_trl.trainer.or1_trainer").removeHandler(self)
-
-    def matching(self, text):
-        return [(step, message) for step, message in self.records if text in message]
 
 
 # --- gold answers -------------------------------------------------------------------------------------------------
@@ -219,116 +194,3 @@ def test_prompts_longer_than_the_context_are_refused_or_truncated(tmp_path):
 
 
 # --- non-finite rewards ---------------------------------------------------------------------------------------------
-
-
-def test_nonfinite_mask_leaves_none_alone():
-    """NaN where the function returned None (TRL's "not scored") is fine; a returned NaN or inf, or a float that
-    overflows float32, is not."""
-
-    class Holder:
-        reward_funcs = [lambda **kw: [1.0, None, math.nan, 1e39], lambda **kw: [None, math.inf, 2.0, -math.inf]]
-
-    holder = Holder()
-    originals = list(holder.reward_funcs)
-    with record_abstentions(holder) as abstained:
-        outputs = [f() for f in holder.reward_funcs]
-    assert holder.reward_funcs == originals and abstained == [[1], [0]]
-    rewards = torch.tensor([[math.nan if r is None else r for r in out] for out in outputs], dtype=torch.float32).T
-    bad = nonfinite_mask(rewards, abstained, 4, gather=lambda t: t)
-    assert bad.tolist() == [[False, False], [False, True], [True, False], [True, True]]
-
-
-class PoisonedReward:
-    """1.0 / 0.0 by parity, but NaN at the rows in `nan_at` and inf at `inf_at` (counting rows over all calls), and
-    None (not scored) at the rows in `none_at`."""
-
-    __name__ = "poisoned"
-
-    def __init__(self, nan_at=(), inf_at=(), none_at=()):
-        self.nan_at, self.inf_at, self.none_at = set(nan_at), set(inf_at), set(none_at)
-        self.seen = 0
-        self.returned = []  # per call
-
-    def __call__(self, completions, **kwargs):
-        out = []
-        for c in completions:
-            row, self.seen = self.seen, self.seen + 1
-            out.append(math.nan if row in self.nan_at else math.inf if row in self.inf_at else
-                       None if row in self.none_at else float(len(c) % 2))
-        self.returned.append(out)
-        return out
-
-
-def nonfinite_run(tmp_path, reward, **overrides):
-    tokenizer = tiny_tokenizer()
-    args = OR1Config(**tiny_training_args(tmp_path, **overrides))
-    data = Dataset.from_dict({"prompt": [f"Q: {i}+{i}=? A:" for i in range(8)]})
-    trainer = OR1Trainer(tiny_model(tokenizer), [reward, parity_reward], args=args, train_dataset=data,
-                         processing_class=tokenizer)
-    return trainer
-
-
-def test_nonfinite_reward_is_an_error_naming_the_function_and_the_sample(tmp_path):
-    reward = PoisonedReward(inf_at=[5, 6], none_at=[1, 2])
-    trainer = nonfinite_run(tmp_path, reward, max_steps=1)
-    with pytest.raises(ValueError) as exc:
-        trainer.train()
-    message = str(exc.value)
-    assert re.match(r"The reward function 'poisoned' returned inf for sample 5 of the rollout at step 1 \(dataset row "
-                    r"\d\); prompt 'Q: \d\+\d=\? A:', completion '.*'; 1 more non-finite reward in this rollout\. "
-                    r"A reward must be a finite number \(or None: not scored\)\. Fix the reward function, or set "
-                    r"nonfinite_rewards='zero'", message), message
-    assert trainer.state.global_step == 0  # stopped before the first update
-
-
-def test_nonfinite_rewards_opted_in_score_zero_and_are_counted(tmp_path):
-    """nonfinite_rewards='zero': `reward/nonfinite` equals the NaN/inf samples injected per step (Nones not counted),
-    those samples score 0, and one warning names the first."""
-    nan_at, inf_at, none_at = [0, 3, 9], [12], [1, 13]  # step 1: rows 0-7; step 2: rows 8-15
-    reward = PoisonedReward(nan_at, inf_at, none_at)
-    trainer = nonfinite_run(tmp_path, reward, max_steps=2, nonfinite_rewards="zero")
-    with TrainerLog() as log:
-        log.trainer = trainer
-        trainer.train()
-    history = [entry for entry in trainer.state.log_history if "reward/nonfinite" in entry]
-    assert [entry["reward/nonfinite"] for entry in history] == [2.0, 2.0]
-    for entry, returned in zip(history, reward.returned):
-        # TRL's `rewards/poisoned/mean` is the mean over the rows it scored (NaN-ignoring): the zeros count, Nones not.
-        scored = [0.0 if not math.isfinite(r) else r for r in returned if r is not None]
-        assert entry["rewards/poisoned/mean"] == pytest.approx(sum(scored) / len(scored))
-        assert math.isfinite(entry["reward"])
-    warnings = log.matching("returned")
-    assert len(warnings) == 1 and warnings[0][1].startswith("The reward function 'poisoned' returned nan for sample 0")
-    assert "Scored 0 (nonfinite_rewards='zero'" in warnings[0][1]
-
-
-# --- skipped steps ------------------------------------------------------------------------------------------------
-
-
-def test_skipped_step_warning_after_exactly_n_consecutive_steps():
-    watch = SkippedStepWatch(after=3)
-    rejected = group_outcomes(torch.tensor([0.0] * 8 + [1.0] * 4), G)  # 2 groups all fail, 1 all solve
-    due = [watch.observe(skipped, rejected) for skipped in [True, True, False, True, True, True, True, True]]
-    assert [bool(m) for m in due] == [False, False, False, False, False, True, False, False]  # once, at the 3rd in a row
-    message = due[5][0]
-    assert message.startswith("The last 3 optimizer steps were all skipped")
-    assert "of 3 groups 2 had every sample fail and 1 every sample solved." in message
-    masked = SkippedStepWatch(after=1).observe(True, group_outcomes(torch.tensor([0.0, 1.0, 0.0, 1.0]), G))
-    assert "mask_truncated_completions=True" in masked[0]
-    assert SkippedStepWatch(after=0).observe(True, rejected) == []
-
-
-def test_a_run_whose_steps_are_all_skipped_says_why(tmp_path):
-    """Every group rejected (the reward is always 0): the warning comes at the end of the 2nd skipped step, once."""
-    tokenizer = tiny_tokenizer()
-    args = OR1Config(**tiny_training_args(tmp_path, max_steps=3, skipped_steps_warning=2))
-    data = Dataset.from_dict({"prompt": [f"Q: {i}+{i}=? A:" for i in range(8)]})
-    trainer = OR1Trainer(tiny_model(tokenizer), lambda completions, **kw: [0.0] * len(completions), args=args,
-                         train_dataset=data, processing_class=tokenizer)
-    with TrainerLog() as log:
-        log.trainer = trainer
-        trainer.train()
-    assert trainer.or1_skipped_steps == 3
-    warnings = log.matching("optimizer steps were all skipped")
-    assert [step for step, _ in warnings] == [1]  # given inside step 2 (one step completed before it), not repeated
-    assert "of 2 groups 2 had every sample fail and 0 every sample solved" in warnings[0][1]

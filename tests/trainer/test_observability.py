@@ -1,4 +1,5 @@
-"""`or1_trl.trainer.observability`: the step time split, training accuracy, the entropy warnings; and what a run logs."""
+"""`or1_trl.trainer.observability`: the step time split, training accuracy, the entropy and skipped-step warnings;
+and what a run logs."""
 
 import json
 import math
@@ -12,8 +13,11 @@ import torch
 from datasets import Dataset
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.trainer.observability import EntropyWatch, StepTimer, StepTimerCallback, accuracy_metrics
-from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
+from or1_trl.recipe.rejection import group_outcomes
+from or1_trl.testing import tiny_model, tiny_model_and_tokenizer, tiny_tokenizer, tiny_training_args
+from or1_trl.trainer.observability import EntropyWatch, SkippedStepWatch, StepTimer, StepTimerCallback, accuracy_metrics
+
+from ..helpers import G, TrainerLog
 
 
 class ScriptedClock:
@@ -262,3 +266,32 @@ def test_run_logs_time_split_and_accuracy_and_wandb_files_hold_them(tmp_path, mo
     for row, entry in zip(history, steps):
         for key in STEP_METRICS:
             assert row[f"train/{key}"] == pytest.approx(entry[key]), key
+
+
+def test_skipped_step_warning_after_exactly_n_consecutive_steps():
+    watch = SkippedStepWatch(after=3)
+    rejected = group_outcomes(torch.tensor([0.0] * 8 + [1.0] * 4), G)  # 2 groups all fail, 1 all solve
+    due = [watch.observe(skipped, rejected) for skipped in [True, True, False, True, True, True, True, True]]
+    assert [bool(m) for m in due] == [False, False, False, False, False, True, False, False]  # once, at the 3rd in a row
+    message = due[5][0]
+    assert message.startswith("The last 3 optimizer steps were all skipped")
+    assert "of 3 groups 2 had every sample fail and 1 every sample solved." in message
+    masked = SkippedStepWatch(after=1).observe(True, group_outcomes(torch.tensor([0.0, 1.0, 0.0, 1.0]), G))
+    assert "mask_truncated_completions=True" in masked[0]
+    assert SkippedStepWatch(after=0).observe(True, rejected) == []
+
+
+def test_a_run_whose_steps_are_all_skipped_says_why(tmp_path):
+    """Every group rejected (the reward is always 0): the warning comes at the end of the 2nd skipped step, once."""
+    tokenizer = tiny_tokenizer()
+    args = OR1Config(**tiny_training_args(tmp_path, max_steps=3, skipped_steps_warning=2))
+    data = Dataset.from_dict({"prompt": [f"Q: {i}+{i}=? A:" for i in range(8)]})
+    trainer = OR1Trainer(tiny_model(tokenizer), lambda completions, **kw: [0.0] * len(completions), args=args,
+                         train_dataset=data, processing_class=tokenizer)
+    with TrainerLog() as log:
+        log.trainer = trainer
+        trainer.train()
+    assert trainer.or1_skipped_steps == 3
+    warnings = log.matching("optimizer steps were all skipped")
+    assert [step for step, _ in warnings] == [1]  # given inside step 2 (one step completed before it), not repeated
+    assert "of 2 groups 2 had every sample fail and 0 every sample solved" in warnings[0][1]

@@ -79,7 +79,7 @@ def test_warns_when_adaptive_entropy_meets_many_sgd_steps(tmp_path):
 def test_vllm_weight_sync_defaults_to_disk_off_cuda(tmp_path):
     args = OR1Config(output_dir=str(tmp_path), use_cpu=True)
     assert args.vllm_weight_sync == "disk"
-    assert args.vllm_sync_dir is None  # the trainer picks tmpfs or <output_dir>/_vllm_sync (tests/test_disk_sync.py)
+    assert args.vllm_sync_dir is None  # the trainer picks tmpfs or <output_dir>/_vllm_sync (tests/generation/test_disk_sync.py)
     assert OR1Config(output_dir="rel", use_cpu=True, vllm_sync_dir="shared/sync").vllm_sync_dir == os.path.abspath("shared/sync")
     assert OR1Config(output_dir=str(tmp_path), use_cpu=True, vllm_weight_sync="nccl").vllm_weight_sync == "nccl"
     with pytest.raises(ValueError, match="vllm_weight_sync='shm' is not one of"):

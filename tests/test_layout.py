@@ -1,4 +1,5 @@
-"""No import circle inside `or1_trl`, imports inside functions included (issue 22.2).
+"""The package's layout: no import circle inside `or1_trl` (issue 22.2), no import up the layers of its sub-packages,
+and a test file for every module where a newcomer looks for it (issue 33).
 
 Every `import` / `from ... import` of a package module counts, wherever it stands (module level, inside a function
 or a method), except under `if TYPE_CHECKING:` (never executed). `from . import x` counts as an import of the
@@ -156,3 +157,42 @@ def test_no_import_runs_up_the_layers():
     graph = import_graph()
     assert {_room(m) for m in graph} >= set(MAY_IMPORT) | {"cli"}, "a sub-package of the layout is missing"
     assert layering_breaks(graph) == []
+
+
+#: Modules whose tests are not in `tests/<package>/test_<module>.py`, and the test files that hold them.
+TESTED_IN = {
+    "or1_trl/files.py": "tests/trainer/test_checkpoint.py",  # atomic writes: the checkpoints' kill tests
+    "or1_trl/paths.py": "tests/cli/test_errors.py",  # path checks: one-line errors before anything loads
+    "or1_trl/testing.py": "tests/cli/test_demo.py",  # the tiny model every test builds; the demo trains it
+    "or1_trl/sampling.py": "tests/generation/test_sampling.py",  # one-release alias
+    "or1_trl/serve.py": "tests/generation/test_serve.py",  # one-release alias
+    "or1_trl/recipe/ranges.py": "tests/trainer/test_or1_config.py",  # the table, walked through OR1Config
+    "or1_trl/recipe/rollout.py": "tests/trainer/test_or1_trainer.py",  # the record passed from hook to hook
+    "or1_trl/rewards/columns.py": "tests/data/test_released.py",
+    "or1_trl/rewards/mixed.py": "tests/data/test_preflight.py",  # one verifier per row
+    "or1_trl/rewards/sandbox/driver.py": "tests/rewards/sandbox/test_runner.py",
+    "or1_trl/rewards/sandbox/memory.py": "tests/rewards/sandbox/test_isolation.py",
+    "or1_trl/rewards/sandbox/result.py": "tests/rewards/sandbox/test_runner.py",
+    "or1_trl/rewards/sandbox/slots.py": "tests/rewards/sandbox/test_isolation.py",
+    "or1_trl/generation/vllm_ext/or1_vllm_auth.py": "tests/generation/test_serve.py",
+    "or1_trl/generation/vllm_ext/or1_vllm_serve.py": "tests/generation/test_serve.py",
+    "or1_trl/generation/vllm_ext/or1_vllm_worker.py": "tests/generation/test_disk_sync.py",
+    **{f"or1_trl/cli/{name}.py": "tests/cli/test_commands.py" for name in (
+        "demo_run", "difficulty", "evaluate", "parsing", "plot", "prepare", "run", "select_examples", "serve", "train")},
+}
+
+
+def test_every_module_has_a_test_file_a_newcomer_finds():
+    """`or1_trl/recipe/loss.py` -> `tests/recipe/test_loss.py`, or the file `TESTED_IN` names; every entry is used."""
+    missing, stale = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = path.relative_to(ROOT).as_posix()
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        mirrored = ROOT / "tests" / path.relative_to(PACKAGE).with_name(f"test_{path.name}")
+        tested_in = TESTED_IN.get(module)
+        if tested_in is None and not mirrored.exists():
+            missing.append(f"{module}: no {mirrored.relative_to(ROOT)}")
+        if tested_in is not None and (mirrored.exists() or not (ROOT / tested_in).exists()):
+            stale.append(f"{module}: TESTED_IN says {tested_in}")
+    assert not missing and not stale, "\n".join(missing + stale)

@@ -20,9 +20,9 @@ from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 from or1_trl.generation.server_health import WeightsRefusedError
 from or1_trl.generation.weight_sync import HEADER_BYTES, SYNC_PHASES, DiskWeightSync, private_dir, write_safetensors
 
-from .conftest import _start_server
-from .helpers import ScriptedReward, logged, tagged_dataset
-from .helpers import DIFF, TOL, model_logprobs, server_args, tied_trainer
+from ..conftest import _start_server
+from ..helpers import ScriptedReward, logged, tagged_dataset
+from ..helpers import DIFF, TOL, model_logprobs, server_args, tied_trainer
 
 LORA_RANK = 4
 

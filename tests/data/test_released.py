@@ -24,7 +24,9 @@ from or1_trl.rewards.sandbox import SandboxUnavailable
 from or1_trl.testing import save_tiny_model, tiny_model_and_tokenizer, tiny_training_args
 from tests.helpers import released_features, released_row, write_released_dataset
 
-TINY_RECIPE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "recipes",
+from ..helpers import ROOT
+
+TINY_RECIPE = os.path.join(ROOT, "examples", "recipes",
                            "tiny_cpu.yaml")
 
 # Code tests in the three layouts the released reward dispatches on (null keys as the released JSON carries them).
