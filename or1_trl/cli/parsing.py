@@ -181,7 +181,7 @@ class DatasetArguments:
 
     def load(self, column: str | None = None, hint: str = ""):
         """The split (`data.load_data`); `ValueError` if it cannot be read or has no `column` (then `hint`)."""
-        from ..data.released import load_data
+        from ..data.loading import load_data
 
         dataset = load_data(self.dataset_name, self.dataset_config, split=self.split)
         if column is not None and column not in dataset.column_names:

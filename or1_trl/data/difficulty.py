@@ -60,7 +60,7 @@ class DifficultyResult:
         """Write the kept rows (every row with `keep_all`) with their counts as
         `<output_dir>/data/<split>-00000-of-00001.parquet` (`or1-trl train --dataset_name OUTPUT_DIR` reads it).
         Returns `(rows written, path)`."""
-        from .released import save_split
+        from .loading import save_split
 
         out = self.dataset if keep_all else self.dataset.select(self.kept_rows())
         return len(out), save_split(out, output_dir, split)

@@ -162,7 +162,7 @@ def write_selection(selected, chosen: list[RankedPrompt], output_dir: str, sourc
     --dataset_name OUTPUT_DIR` reads it) and `<output_dir>/selection.json`: `source` (where the ranking and the
     prompts came from) and the chosen prompts with their rank, score and accuracies. Returns the dataset's path."""
     from ..files import write_json_atomic
-    from .released import save_split
+    from .loading import save_split
 
     path = save_split(selected, output_dir, "train")
     write_json_atomic(os.path.join(output_dir, "selection.json"), {

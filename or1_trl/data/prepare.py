@@ -40,7 +40,8 @@ import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .released import InvalidRow, math_golds, prompt_text, save_split
+from .loading import save_split
+from .released import InvalidRow, math_golds, prompt_text
 
 #: `or1-trl prepare --eval_sets` names: (Hub id, split, problem column). Loaded only when decontamination runs.
 EVAL_SETS = {
@@ -96,7 +97,7 @@ def _digest(text: str) -> str:
 def load_eval_sets(specs: list[str], column: str | None = None) -> dict[str, list[str]]:
     """`{name: problem texts}` for each spec: a name of `EVAL_SETS`, a local file or directory (`NAME=PATH` names it),
     or a Hub dataset id (its first split). The problem column is `column`, else the first of `EVAL_PROBLEM_COLUMNS`."""
-    from .released import load_data
+    from .loading import load_data
 
     sets = {}
     for spec in specs:

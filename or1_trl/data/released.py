@@ -1,4 +1,4 @@
-"""Training data: the paper's released format, the offline difficulty filter, and checks before compute.
+"""Training data in the paper's released format, its offline difficulty filter, and what `or1-trl train` trains on.
 
 **The released format** (verl's, as `Skywork/Skywork-OR1-RL-Data` ships it; splits `math` and `code`):
 
@@ -26,29 +26,21 @@ its order, after dropping null keys as the released data script does:
 
 **The offline filter** (paper §6.2; `or1_scripts/data_preprocess/download_and_filter_data_7b.py`): keep the rows whose
 `extra_info.model_difficulty[model]` lies in a range — the released scripts keep 1..15 of 16 and drop rows without
-a count. `or1-trl difficulty` writes counts for any model in the same place.
+a count. `or1-trl difficulty` writes counts for any model in the same place. It stays with the format: it reads the
+format's `extra_info`, and `training_dataset` applies it.
 
-**Loading** (`load_data`): a Hub id, a local folder or a local `.jsonl`/`.json`/`.parquet`/`.csv` file, or TRL's
-`--dataset_name json --data_files ...`; a missing, empty or unreadable file is a one-line error.
-
-**Checks** run before a model is loaded: prompts that are neither text nor conversations, rows without a gold
-answer, malformed tests, unknown abilities or data sources (`training_dataset`, with counts), and reward columns the
-dataset lacks, empty datasets, and gold answers our verifiers cannot read — these when `OR1Trainer` is built, so
-for the Python API too (`check_datasets`; each error names the dataset, the column, the count and the first rows).
-TRL passes every dataset column to the reward functions as a keyword argument, so a missing gold column would
-otherwise surface only after the first generation, deep inside the reward call, and a gold of the wrong type (a
-dict) would be scored as its text: 0 for every sample, silently. Once the tokenizer is known,
-`check_prompt_lengths` compares the prompts with the context (TRL 1.16 does not truncate prompts).
+**Row checks** (`training_dataset`, with counts): prompts that are neither text nor conversations, rows without a
+gold answer, malformed tests, unknown abilities or data sources. The gold readers (`check_math_gold`,
+`check_tests`) are those `OR1Trainer`'s pre-flight applies to any dataset (`data/preflight.py`); loading files is
+`data/loading.py`.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from collections import Counter
-from typing import Any
 
-from ..rewards.columns import ABILITY_COLUMN, ANSWER_COLUMN, TESTS_COLUMN, check_reward_columns
+from ..rewards.columns import ABILITY_COLUMN, ANSWER_COLUMN, TESTS_COLUMN
 
 # ---------------------------------------------------------------------------------------------------------------
 # The released (verl) format
@@ -300,19 +292,19 @@ def prompt_feature_problem(feature) -> str | None:
             "(name the prompt's column with --prompt_column)")
 
 
-def _row_list(rows: list[int], limit: int = 5) -> str:
+def row_list(rows: list[int], limit: int = 5) -> str:
     shown = ", ".join(map(str, rows[:limit]))
     return f"row{'s' if len(rows) > 1 else ''} {shown}{', …' if len(rows) > limit else ''}"
 
 
-def _invalid_rows(reasons: list[str | None]) -> tuple[int, str]:
+def invalid_rows(reasons: list[str | None]) -> tuple[int, str]:
     """`(count, details)` of the rows whose entry in `reasons` is `"<reason>\t<message>"` (None: a valid row):
     per reason its count, its first rows and the first one's message."""
     invalid: dict[str, list[int]] = {}
     for index, reason in enumerate(reasons):
         if reason is not None:
             invalid.setdefault(reason.split("\t")[0], []).append(index)
-    details = "; ".join(f"{len(rows)} {reason} ({_row_list(rows)}; first: {reasons[rows[0]].split(chr(9))[1]})"
+    details = "; ".join(f"{len(rows)} {reason} ({row_list(rows)}; first: {reasons[rows[0]].split(chr(9))[1]})"
                         for reason, rows in invalid.items())
     return sum(len(rows) for rows in invalid.values()), details
 
@@ -362,7 +354,7 @@ def training_dataset(dataset, reward: str = "auto", prompt_column: str = "prompt
     total = len(dataset)
     report = [f"{total} rows in {'the released (verl) format' if verl else f'prompt/{REWARD_COLUMNS[default_ability]} columns'}"]
 
-    count, details = _invalid_rows(dataset[_INVALID])
+    count, details = invalid_rows(dataset[_INVALID])
     if count:
         if not drop_invalid:
             raise ValueError(f"{count} of {total} rows cannot be scored: {details}. Fix them, or pass "
@@ -374,7 +366,7 @@ def training_dataset(dataset, reward: str = "auto", prompt_column: str = "prompt
     if reward in ABILITIES:
         other = [i for i, ability in enumerate(dataset[ABILITY_COLUMN]) if ability != reward]
         if other:
-            raise ValueError(f"{len(other)} rows are not {reward} ({_row_list(other)}) but --reward {reward} scores "
+            raise ValueError(f"{len(other)} rows are not {reward} ({row_list(other)}) but --reward {reward} scores "
                              f"{reward} only; use --reward auto to score each row by its ability")
     if difficulty_model is not None:
         low, high = difficulty_range if difficulty_range is not None else (1, 15)
@@ -418,283 +410,3 @@ def released_format_inputs(reward_funcs, train_dataset, eval_dataset):
         single = {"math": math_reward, "code": code_reward}
         reward_funcs = single[abilities[0]] if len(abilities) == 1 else mixed_rewards(abilities)
     return reward_funcs, train_dataset, eval_dataset
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# OR1Trainer's pre-flight (the Python API and `or1-trl train` alike): before the model loads, and before any step
-# ---------------------------------------------------------------------------------------------------------------
-
-_GOLD_FIX = {
-    ANSWER_COLUMN: "math_reward reads, per row, a string, a number or a list of them (the acceptable answers); a dict "
-                   "is scored as its Python text and never matches. Store the answer itself (a released-format "
-                   "struct: pass the dataset with its reward_model column as it is, OR1Trainer converts it)",
-    TESTS_COLUMN: "code_reward reads, per row, a test spec (a dict or its JSON string) with inputs/outputs lists or "
-                  "asserts (`or1_trl/rewards/code.py`)",
-}
-
-
-def _gold_checks(reward_func) -> list[tuple[str, Any, str | None, str | None]]:
-    """`(gold column, check, ability, ability column)` for each gold column one of our verifiers reads (user rewards:
-    none). `check(value)` raises `InvalidRow`; `ability` restricts it to the rows of that ability (`mixed_rewards`)."""
-    from ..rewards.code import CodeReward
-    from ..rewards.math import MathReward
-    from ..rewards.mixed import AbilityReward
-
-    ability = ability_column = None
-    if isinstance(reward_func, AbilityReward):
-        ability, ability_column, reward_func = reward_func.ability, reward_func.column, reward_func.reward
-    if isinstance(reward_func, MathReward):
-        return [(ANSWER_COLUMN, check_math_gold, ability, ability_column)]
-    if isinstance(reward_func, CodeReward):
-        return [(TESTS_COLUMN, check_tests, ability, ability_column)]
-    return []
-
-
-def check_golds(reward_funcs: Any, dataset: Any, dataset_name: str = "train_dataset") -> None:
-    """Raise a `ValueError` if rows of `dataset` hold gold answers our verifiers cannot read: the column, the reward,
-    the count, the first rows and what the first one holds (`check_math_gold`, `check_tests`)."""
-    columns = getattr(dataset, "column_names", None)
-    if columns is None or not hasattr(dataset, "__len__"):
-        return
-    for func in reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]:
-        for column, check, ability, ability_column in _gold_checks(func):
-            if column not in columns or (ability is not None and ability_column not in columns):
-                continue  # check_reward_columns names the missing column
-            abilities = dataset[ability_column] if ability is not None else None
-            reasons = []
-            for index, value in enumerate(dataset[column]):
-                reason = None
-                if abilities is None or abilities[index] == ability:
-                    try:
-                        check(value)
-                    except InvalidRow as exc:
-                        reason = f"{exc.reason}\t{exc}"
-                reasons.append(reason)
-            count, details = _invalid_rows(reasons)
-            if count:
-                name = getattr(func, "__name__", type(func).__name__)
-                raise ValueError(f"{dataset_name} column {column!r} (read by {name!r}): {count} of {len(dataset)} rows "
-                                 f"cannot be scored: {details}. {_GOLD_FIX[column]}.")
-
-
-def check_datasets(reward_funcs: Any, train_dataset: Any, eval_dataset: Any = None) -> None:
-    """`OR1Trainer`'s pre-flight, before the model loads: for the train dataset and each eval dataset, the columns the
-    rewards need (`check_reward_columns`), at least one row, and gold answers our verifiers can read (`check_golds`).
-    Datasets without a length (streaming) are checked for columns only."""
-    splits = [("train_dataset", train_dataset)]
-    if isinstance(eval_dataset, dict):
-        splits += [(f"eval_dataset[{name!r}]", split) for name, split in eval_dataset.items()]
-    else:
-        splits.append(("eval_dataset", eval_dataset))
-    for name, dataset in splits:
-        if dataset is None:
-            continue
-        check_reward_columns(reward_funcs, dataset, name)
-        if hasattr(dataset, "__len__") and len(dataset) == 0:
-            raise ValueError(f"{name} has no rows: training would run 0 steps. Check the split and any filtering "
-                             "(e.g. `or1-trl train`'s difficulty filter) that produced it.")
-        check_golds(reward_funcs, dataset, name)
-
-
-def prompt_lengths(prompts: list, tokenize, batch_size: int = 256) -> list[int]:
-    """Token count of each prompt as generation sees it: `tokenize(batch)` returns the token ids of a batch of
-    prompts (`OR1Trainer` passes TRL's own `_tokenize_prompts`: chat template, generation prompt, tools)."""
-    lengths = []
-    for start in range(0, len(prompts), batch_size):
-        lengths.extend(len(ids) for ids in tokenize(list(prompts[start : start + batch_size])))
-    return lengths
-
-
-def check_prompt_lengths(lengths: list[int], context: int | None, completion_length: int,
-                         max_prompt_length: int | None = None, dataset_name: str = "train_dataset",
-                         context_source: str = "the context") -> str | None:
-    """Prompts that do not fit: TRL 1.16 generates from the whole prompt (it has no `max_prompt_length`), so a prompt
-    longer than `context - completion_length` runs past the model's context (transformers only prints a reminder).
-
-    - `max_prompt_length=None`: such prompts are a `ValueError` (their count, the first rows, the longest, the limit).
-    - `max_prompt_length=P`: prompts longer than P are cut to their last P tokens at generation (`OR1Trainer`); the
-      warning returned says how many (None if none). `P + completion_length` must fit the context.
-
-    `context=None` (unknown): only `max_prompt_length` is checked.
-    """
-    limit = None if context is None else context - completion_length
-    if max_prompt_length is not None:
-        if limit is not None and max_prompt_length > limit:
-            raise ValueError(f"max_prompt_length={max_prompt_length} + max_completion_length={completion_length} "
-                             f"exceed {context_source} ({context} tokens); set max_prompt_length <= {limit}.")
-        long = [i for i, n in enumerate(lengths) if n > max_prompt_length]
-        if not long:
-            return None
-        return (f"{len(long)} of {len(lengths)} prompts of {dataset_name} are longer than max_prompt_length="
-                f"{max_prompt_length} tokens ({_row_list(long)}; longest {max(lengths)}): generation sees only their "
-                "last max_prompt_length tokens (the start of the problem is cut off).")
-    if limit is None:
-        return None
-    long = [i for i, n in enumerate(lengths) if n > limit]
-    if long:
-        raise ValueError(
-            f"{len(long)} of {len(lengths)} prompts of {dataset_name} are longer than {limit} tokens ({_row_list(long)}; "
-            f"longest {max(lengths)}), the room {context_source} ({context} tokens) leaves after max_completion_length="
-            f"{completion_length}. Drop them (`dataset.filter`), set max_prompt_length={limit} (OR1Config) to keep their last "
-            f"{limit} tokens, or lower max_completion_length."
-        )
-    return None
-
-
-def check_prompts_fit(train_dataset, eval_dataset, tokenize, text_config, completion_length: int,
-                      max_prompt_length: int | None, vllm_max_model_length: int | None, strict: bool, warn,
-                      is_vlm: bool = False, tokenised_elsewhere: bool = False) -> None:
-    """`check_prompt_lengths` over the train and eval datasets (each of a dict of eval datasets) that are
-    `datasets.Dataset`s with a `prompt` column, measured with `tokenize` (`prompt_lengths`; `OR1Trainer` passes TRL's
-    own tokenisation). The context is `vllm_max_model_length` where set, else `text_config.max_position_embeddings`.
-    Each warning goes to `warn(message)` as it is found; with `strict=False` (a plain `GRPOConfig`, which has no
-    truncation to offer) the errors are warnings too.
-
-    Not measured: a vision-language model (`is_vlm`: it would process every image; `max_prompt_length` is an error
-    there, it would cut image tokens), or prompts tokenised elsewhere (a rollout function, environments).
-    """
-    from datasets import Dataset
-
-    if is_vlm:
-        if max_prompt_length is not None:
-            raise ValueError("max_prompt_length cuts token ids, which would cut image tokens too: it supports "
-                             "text-only models; unset it.")
-        return
-    if tokenised_elsewhere:
-        return
-    context = getattr(text_config, "max_position_embeddings", None)
-    source = "the model's max_position_embeddings"
-    if vllm_max_model_length:
-        context, source = vllm_max_model_length, "vllm_max_model_length"
-    datasets = {"train_dataset": train_dataset}
-    evals = eval_dataset if isinstance(eval_dataset, dict) else {None: eval_dataset}
-    datasets.update({"eval_dataset" if k is None else f"eval_dataset[{k!r}]": v for k, v in evals.items()})
-    for name, dataset in datasets.items():
-        if not isinstance(dataset, Dataset) or "prompt" not in dataset.column_names:
-            continue
-        lengths = prompt_lengths(dataset["prompt"], tokenize)
-        try:
-            message = check_prompt_lengths(lengths, context, completion_length, max_prompt_length, name, source)
-        except ValueError as exc:
-            if strict:
-                raise
-            message = str(exc)
-        if message:
-            warn(message)
-
-
-# Loading: a Hub id, a local folder or a local data file
-# ---------------------------------------------------------------------------------------------------------------
-
-#: `datasets` builders of local data files, by extension (`load_dataset` infers none from a single file's path).
-FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-
-
-def _is_local(path: str) -> bool:
-    return "://" not in path and not any(c in path for c in "*?[")
-
-
-def _data_source(name: str | None, data_files) -> tuple[str, Any]:
-    """`(path, data_files)` for `datasets.load_dataset`, or a `ValueError` saying what is missing or unreadable."""
-    import os
-
-    files = [data_files] if isinstance(data_files, str) else list(data_files or [])
-    if files and name is not None and name not in set(FILE_BUILDERS.values()) | {"text", "arrow"}:
-        return name, files  # paths inside a folder or a Hub repository: `load_dataset` resolves them
-    if files:
-        for file in filter(_is_local, files):
-            if not os.path.isfile(os.path.expanduser(file)):
-                raise ValueError(f"data file {file!r} does not exist")
-            if os.path.getsize(os.path.expanduser(file)) == 0:
-                raise ValueError(f"data file {file!r} is empty")
-        if name is None:
-            name = FILE_BUILDERS.get(os.path.splitext(files[0])[1].lower())
-            if name is None:
-                raise ValueError(f"cannot tell the format of {files[0]!r}: name it with --dataset_name json, parquet "
-                                 "or csv")
-        return name, [os.path.expanduser(f) if _is_local(f) else f for f in files]
-    if name is None:
-        raise ValueError("no dataset: pass --dataset_name (a Hub id, a local folder or a .jsonl/.json/.parquet/.csv "
-                         "file)")
-    path = os.path.expanduser(name)
-    suffix = os.path.splitext(path)[1].lower()
-    if os.path.isfile(path):
-        if suffix not in FILE_BUILDERS:
-            raise ValueError(f"dataset file {name!r} is not {', '.join(FILE_BUILDERS)}; convert it, or name its "
-                             "format: --dataset_name json --data_files FILE")
-        if os.path.getsize(path) == 0:
-            raise ValueError(f"dataset file {name!r} is empty")
-        return FILE_BUILDERS[suffix], [path]
-    if os.path.isdir(path):
-        return path, None
-    if suffix in FILE_BUILDERS or name.startswith(("/", "./", "../", "~")):
-        raise ValueError(f"dataset {name!r} does not exist (resolved to {os.path.abspath(path)!r})")
-    return name, None
-
-
-def _load_failure(exc: BaseException) -> str:
-    """What went wrong inside `datasets.load_dataset`, in words (its `DatasetGenerationError` says only "An error
-    occurred while generating the dataset": the reason is the exception it was raised from)."""
-    chain = [exc]
-    while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
-        chain.append(chain[-1].__cause__ or chain[-1].__context__)
-        if len(chain) > 20:
-            break
-    if any(isinstance(error, UnicodeDecodeError) for error in chain):
-        return "not UTF-8 text (" + str(next(e for e in chain if isinstance(e, UnicodeDecodeError))) + ")"
-    error = chain[1] if type(exc).__name__ == "DatasetGenerationError" and len(chain) > 1 else exc
-    message = str(error)
-    if "corresponds to no data" in message:
-        return "no rows"
-    if "Couldn't reach" in message:
-        why = "HF_HUB_OFFLINE is set" if "OfflineModeIsEnabled" in message else "no network"
-        return (f"it is not in the local cache and the Hub cannot be reached ({why}); load it once online, or pass a "
-                "local .jsonl/.json/.parquet/.csv file or folder")
-    return message or type(error).__name__
-
-
-def load_data(name: str | None, config: str | None = None, split: str | None = "train", data_files=None):
-    """`datasets.load_dataset` for what `--dataset_name` names: a Hub id, a local folder, a local `.jsonl` /
-    `.json` / `.parquet` / `.csv` file, or (TRL's form) a builder with files, `name="json", data_files=[...]`
-    (`name=None` with `data_files`: the builder their extension names). `split=None`: the first split.
-
-    Everything that can be wrong with the source is a one-line `ValueError` naming it: a missing or empty file, text
-    that is not UTF-8 or not JSON, a Hub dataset offline and not cached, a dataset without rows."""
-    from datasets import load_dataset
-
-    path, files = _data_source(name, data_files)
-    shown = name if name is not None else ", ".join(files)
-    json_logger = logging.getLogger("datasets.packaged_modules.json.json")
-    level = json_logger.level
-    json_logger.setLevel(logging.CRITICAL)  # it logs "Failed to load JSON ..." before raising: our error says it
-    try:
-        loaded = load_dataset(path, config, split=split, data_files=files)
-    except Exception as exc:  # the source's fault, or datasets' own errors (DatasetGenerationError: see its cause)
-        ours = isinstance(exc, (ValueError, OSError, StopIteration, ImportError))
-        if not ours and type(exc).__module__.split(".")[0] not in ("datasets", "pyarrow"):
-            raise
-        raise ValueError(f"cannot load dataset {shown!r}: {_load_failure(exc)}") from exc
-    finally:
-        json_logger.setLevel(level)
-    dataset = loaded[next(iter(loaded))] if split is None else loaded
-    try:  # Arrow's JSON reader keeps bytes that are not UTF-8 in string columns; they would fail at first use
-        dataset.data.table.validate(full=True)
-    except Exception as exc:  # pyarrow.ArrowInvalid
-        raise ValueError(f"cannot load dataset {shown!r}: not UTF-8 text ({exc})") from exc
-    if len(dataset) == 0:
-        raise ValueError(f"dataset {shown!r} has no rows (split {split!r})")
-    return dataset
-
-
-def save_split(dataset, output_dir: str, split: str) -> str:
-    """Write `dataset` as `<output_dir>/data/<split>-00000-of-00001.parquet` — what `datasets.load_dataset(output_dir,
-    split=split)` reads, several splits side by side — under a temporary name first, so an interrupted write leaves
-    no half-written file. Returns the path."""
-    import os
-
-    path = os.path.join(output_dir, "data", f"{split}-00000-of-00001.parquet")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    dataset.to_parquet(tmp)
-    os.replace(tmp, path)
-    return path

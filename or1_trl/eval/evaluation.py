@@ -253,7 +253,7 @@ def check_benchmark_spec(spec: str) -> None:
 def load_problems(spec: str, problem_column: str | None = None, answer_column: str | None = None,
                   id_column: str | None = None) -> list[Problem]:
     """The problems of a named benchmark (from the Hub) or of a local file. Missing columns: a `ValueError` naming them."""
-    from ..data.released import load_data
+    from ..data.loading import load_data
 
     check_benchmark_spec(spec)
     try:  # offline and not cached, an empty or unreadable file: one line naming the benchmark

@@ -1,8 +1,9 @@
 """What a reward function reads from the dataset: the keyword arguments TRL fills itself, and the columns a reward
 cannot score without (declared, or read from its signature), checked against a dataset before anything loads.
 
-Imported by `data.py` (the pre-flight) and by `rewards/mixed.py` (an `AbilityReward` needs its inner reward's columns
-plus the ability column); it imports nothing from the package, so neither import closes a circle.
+Imported by `data/released.py`, `data/preflight.py` (the pre-flight) and `rewards/mixed.py` (an `AbilityReward`
+needs its inner reward's columns plus the ability column); it imports nothing from the package, so no import of it
+closes a circle.
 """
 
 from __future__ import annotations

@@ -52,7 +52,8 @@ from ..eval import model_card
 from ..recipe import stages
 from ..recipe.advantages import leave_group_statistics, zero_truncated
 from .or1_config import OR1Config, check_liger_layer_kernels
-from ..data.released import check_datasets, check_prompts_fit, released_format_inputs
+from ..data.preflight import check_datasets, check_prompts_fit
+from ..data.released import released_format_inputs
 from ..recipe.entropy import AdaptiveEntropyController, StepWindow
 from ..eval.evaluation import group_pass_at_k
 from ..eval.evaluation import read_summary as read_eval_summary

@@ -186,7 +186,7 @@ def test_paper_recipes_parse(recipe, prompts_per_rollout, group, sgd_steps, cont
 def test_dataset_name_reads_local_files_folders_and_trls_data_files(tmp_path):
     from datasets import Dataset
 
-    from or1_trl.data.released import load_data
+    from or1_trl.data.loading import load_data
 
     rows = [{"prompt": f"{i}+1=?", "answer": str(i + 1)} for i in range(5)]
     table = Dataset.from_list(rows)

@@ -10,7 +10,8 @@ from datasets import Dataset
 from trl import GRPOConfig
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.data.released import InvalidRow, check_datasets, check_math_gold, check_prompt_lengths, math_golds, training_dataset
+from or1_trl.data.preflight import check_datasets, check_prompt_lengths
+from or1_trl.data.released import InvalidRow, check_math_gold, math_golds, training_dataset
 from or1_trl.rewards import MathReward, code_reward, mixed_rewards
 from or1_trl.testing import tiny_model, tiny_tokenizer, tiny_training_args
 
