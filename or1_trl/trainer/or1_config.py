@@ -30,6 +30,21 @@ ENTROPY_ESTIMATORS = ("full", "sampled")
 TOP_ENTROPY_NORMALIZATIONS = ("all", "selected")
 VLLM_WEIGHT_SYNC = WEIGHT_SYNC_BACKENDS
 NONFINITE_REWARD_MODES = ("error", "zero")
+#: The values each OR1 field with a fixed set of them accepts, checked once by `check_choices` (first thing in
+#: `__post_init__`, with the ranges); `choice_field` also gives them to the command line's parser.
+FIELD_CHOICES = {
+    "rejection_sampling": REJECTION_MODES,
+    "entropy_preset": tuple(sorted(ENTROPY_PRESETS)),
+    "entropy_estimator": ENTROPY_ESTIMATORS,
+    "top_entropy_normalization": TOP_ENTROPY_NORMALIZATIONS,
+    "truncated_advantage_mask": TRUNCATED_ADVANTAGE_MASKS,
+    "rollout_correction": ROLLOUT_CORRECTIONS,
+    "vllm_weight_sync": VLLM_WEIGHT_SYNC,
+    "vllm_sync_dtype": SYNC_DTYPES,
+    "vllm_sync_peft": SYNC_PEFT_MODES,
+    "logprob_backend": LOGPROB_BACKENDS,
+    "nonfinite_rewards": NONFINITE_REWARD_MODES,
+}
 #: What `to_dict`, `str` and `or1-trl train`'s `sys.argv` show in place of `vllm_server_api_key`.
 API_KEY_PLACEHOLDER = "<VLLM_SERVER_API_KEY>"
 # New OR1Config fields, and the value that behaves as TRL's GRPOTrainer does.
@@ -69,6 +84,17 @@ def _field_default(dataclass_type, name: str):
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
+def check_choices(config) -> None:
+    """A `ValueError` for the first field of `FIELD_CHOICES` whose value is not one of its choices. `None` passes
+    where it is the field's default (unset: `vllm_weight_sync` is chosen in `__post_init__`)."""
+    for name, allowed in FIELD_CHOICES.items():
+        value = getattr(config, name)
+        if value is None and _field_default(type(config), name) is None:
+            continue
+        if value not in allowed:
+            raise ValueError(f"{name}={value!r} is not one of {list(allowed)}.")
+
+
 @dataclass
 class OR1Config(GRPOConfig):
     r"""
@@ -84,11 +110,20 @@ class OR1Config(GRPOConfig):
     `rejection_sampling="compact"`.
 
     Parameters:
+        > Parameters that control rejection sampling (§3.1)
+
         rejection_sampling (`str`, *optional*, defaults to `"compact"`):
             How groups whose rewards are all equal (zero advantage) leave the update: `"compact"` removes their rows
             before the policy forward/backward (every rank still runs the same number of backward calls);
             `"mask"` keeps the rows with weight 0 (Skywork's released code; same gradient, more compute);
             `"off"` keeps them (TRL's behaviour).
+        rejection_refill_rounds (`int`, *optional*, defaults to `0`):
+            When rejection leaves fewer informative groups than a rollout batch asks for, generate up to this many
+            more rounds from the pool and keep informative groups until the batch is full (DAPO's dynamic
+            sampling; not in Skywork's code). 0: off.
+
+        > Parameters that control the adaptive entropy (eq. 3.2)
+
         entropy_preset (`str`, *optional*, defaults to `"paper"`):
             Fills `entropy_target`, `entropy_coef_delta`, `entropy_coef_min` and `entropy_coef_max` where they are
             left unset: `"paper"` (tgt 0.2, Δ 0.005, c ∈ [0, 1]; equal to TRL's defaults) or `"released"` (the
@@ -97,10 +132,29 @@ class OR1Config(GRPOConfig):
             Estimator of the entropy e_k the controller measures over all kept response tokens: `"full"` (mean
             full-vocabulary entropy, the quantity the loss term differentiates) or `"sampled"` (−mean log-prob of
             the sampled tokens, as the released code).
+        entropy_collapse_fraction (`float`, *optional*, defaults to `0.5`):
+            The entropy-collapse warning (`or1_trl/trainer/observability.py`) fires once when the entropy stays below this
+            fraction of `entropy_target` for `entropy_collapse_steps` steps while the controller is saturated
+            (c = c_max) or off.
+        entropy_collapse_steps (`int`, *optional*, defaults to `10`):
+            Consecutive steps for the entropy-collapse warning; 0 disables it.
+
+        > Parameters that control the policy loss: the 80/20 rule and truncated responses (§3.2.3)
+
         top_entropy_normalization (`str`, *optional*, defaults to `"all"`):
             With `top_entropy_quantile < 1` (the 80/20 rule), what the policy term is divided by: `"all"` (every kept
             token, T_k — TRL) or `"selected"` (only the selected high-entropy tokens of the micro-batch — the official
             80/20 code, ≈1/ρ larger gradient). The entropy term and the controller always use all kept tokens.
+        truncated_advantage_mask (`str`, *optional*, defaults to `"none"`):
+            The advantage masks for truncated responses of the paper's ablation (§3.2.3, `or1_trl/recipe/advantages.py`):
+            `"none"` (the paper's choice: truncated responses keep their reward and advantage), `"after"` (they stay
+            in the group's mean and std, then get advantage 0) or `"before"` (they leave the group's statistics
+            too and get advantage 0; rejection sampling then judges a group on its non-truncated rewards). Their
+            tokens stay in T_k and the entropy term; TRL's `mask_truncated_completions` instead removes them from
+            the loss altogether, group statistics untouched.
+
+        > Parameters that control multi-stage training and the prompt pool (§3.2.2, §3.1)
+
         stages (`list[dict]` or `None`, *optional*, defaults to `None`):
             Multi-stage training (paper §3.2.2, `or1_trl/recipe/stages.py`): a list of `{until_step, max_completion_length,
             batch_size, mini_batch_size, num_generations, temperature, learning_rate}` (all but `until_step` optional;
@@ -113,23 +167,36 @@ class OR1Config(GRPOConfig):
             §3.1; 1.0: solved in every sample). `None` keeps them.
         online_filter_unsolved_after (`int` or `None`, *optional*, defaults to `None`):
             If set, at each stage start prompts never solved in at least this many samples (all stages) leave too.
-        rejection_refill_rounds (`int`, *optional*, defaults to `0`):
-            When rejection leaves fewer informative groups than a rollout batch asks for, generate up to this many
-            more rounds from the pool and keep informative groups until the batch is full (DAPO's dynamic
-            sampling; not in Skywork's code). 0: off.
-        truncated_advantage_mask (`str`, *optional*, defaults to `"none"`):
-            The advantage masks for truncated responses of the paper's ablation (§3.2.3, `or1_trl/recipe/advantages.py`):
-            `"none"` (the paper's choice: truncated responses keep their reward and advantage), `"after"` (they stay
-            in the group's mean and std, then get advantage 0) or `"before"` (they leave the group's statistics
-            too and get advantage 0; rejection sampling then judges a group on its non-truncated rewards). Their
-            tokens stay in T_k and the entropy term; TRL's `mask_truncated_completions` instead removes them from
-            the loss altogether, group statistics untouched.
-        entropy_collapse_fraction (`float`, *optional*, defaults to `0.5`):
-            The entropy-collapse warning (`or1_trl/trainer/observability.py`) fires once when the entropy stays below this
-            fraction of `entropy_target` for `entropy_collapse_steps` steps while the controller is saturated
-            (c = c_max) or off.
-        entropy_collapse_steps (`int`, *optional*, defaults to `10`):
-            Consecutive steps for the entropy-collapse warning; 0 disables it.
+
+        > Parameters that control the rollout correction and asynchronous generation
+
+        rollout_correction (`str`, *optional*, defaults to `"geo_mask_token_truncate"`):
+            How a completion generated by vLLM is weighted for the mismatch between the generator's log-probs and the
+            trainer's (`or1_trl/recipe/rollout_correction.py`; ratio r_t = π_trainer / π_vllm per token, c =
+            `rollout_correction_cap`): `"off"` (no correction toward the generator, the paper: TRL's correction off),
+            `"token_truncate"` (weight min(r_t, c)), `"geo_mask_token_truncate"` (a sequence is kept iff the geometric
+            mean of its ratios lies in [1/c, c], independent of its length, then min(r_t, c)), or `"trl"` (TRL's
+            `vllm_importance_sampling_*` fields exactly as set; its default masks sequences by exp(Σ_t log r_t),
+            which grows with the length). Our two modes set TRL's fields so that TRL computes the trainer's log-probs
+            of the rollout (`vllm_importance_sampling_correction=True`, `"token_truncate"`, clip_max c); `"off"` turns
+            TRL's correction off. The default is chosen by `benchmarks/rollout_correction.py` (README).
+        rollout_correction_cap (`float`, *optional*, defaults to `2.0`):
+            c > 1: the per-token truncation cap and the geometric mask's bound [1/c, c].
+        async_generation (`bool`, *optional*, defaults to `False`):
+            One-step-off rollouts (`or1_trl/generation/overlap.py`, `docs/async_generation.md`): while update k runs, the vLLM
+            server generates the rollout of step k+1 from the weights update k−1 left, requested over HTTP from a
+            background thread; the weights are pushed between updates. Needs `use_vllm=True, vllm_mode="server"` and
+            a `rollout_correction` that weights by the generator's log-probs (not `"off"`): they are the behaviour
+            policy of the stale rollout; one rollout per update (`num_iterations=1`, `steps_per_generation` =
+            `gradient_accumulation_steps`); single-turn generation (no tools, environments or `rollout_func`). The
+            first step, a stage's first and the first after a resume generate synchronously. Not the paper's
+            recipe, which is on-policy (a warning says so).
+        max_staleness (`int`, *optional*, defaults to `1`):
+            With `async_generation`: the most updates between the weights that generated a rollout and the update
+            that trains on it (logged as `async/staleness`); a staler rollout is an error. At least 1.
+
+        > Parameters that control the vLLM server's weight sync (only used when `use_vllm=True, vllm_mode="server"`)
+
         vllm_weight_sync (`str` or `None`, *optional*, defaults to `None`):
             With `use_vllm=True, vllm_mode="server"`: how the policy's weights reach the server before each
             generation. `"nccl"`: TRL's NCCL weight transfer (CUDA trainer and CUDA vLLM, reachable over NCCL).
@@ -164,6 +231,9 @@ class OR1Config(GRPOConfig):
             `None` in its place, and `str`, `repr`, `to_dict` (W&B, TensorBoard, model cards) show a placeholder;
             `or1-trl train --vllm_server_api_key K` removes K from `sys.argv` (which W&B records) once parsed. So a
             resume needs it again (the flag or the variable). Prefer the variable: a command line is visible in `ps`.
+
+        > Parameters that control performance: the log-prob backend and padding-free packing
+
         logprob_backend (`str`, *optional*, defaults to `"auto"`):
             What computes the per-token log-probs and entropies of every pass (policy, old policy, reference), without
             `[B, T, V]` logits (`or1_trl/trainer/logprobs.py`): `"trl"` (TRL's fused LM head), `"liger"` (Liger-Kernel's
@@ -181,6 +251,8 @@ class OR1Config(GRPOConfig):
             by this budget, not by the micro-batch's rows × length (one more forward of those tokens). `None`: one
             forward per micro-batch. A stage may set its own (`stages[i].max_tokens_per_microbatch`).
 
+        > Parameters that control the checks on prompts, rewards and the output directory
+
         max_prompt_length (`int` or `None`, *optional*, defaults to `None`):
             TRL 1.16 generates from whole prompts. `None`: a prompt longer than the context leaves after
             `max_completion_length` (the model's `max_position_embeddings`, or `vllm_max_model_length`) is an error
@@ -193,30 +265,6 @@ class OR1Config(GRPOConfig):
         skipped_steps_warning (`int`, *optional*, defaults to `5`):
             Warn once when this many consecutive optimizer steps were skipped (no trainable token: every group
             rejected, or every completion masked), saying why and what to check; 0 disables it.
-        rollout_correction (`str`, *optional*, defaults to `"geo_mask_token_truncate"`):
-            How a completion generated by vLLM is weighted for the mismatch between the generator's log-probs and the
-            trainer's (`or1_trl/recipe/rollout_correction.py`; ratio r_t = π_trainer / π_vllm per token, c =
-            `rollout_correction_cap`): `"off"` (no correction toward the generator, the paper: TRL's correction off),
-            `"token_truncate"` (weight min(r_t, c)), `"geo_mask_token_truncate"` (a sequence is kept iff the geometric
-            mean of its ratios lies in [1/c, c], independent of its length, then min(r_t, c)), or `"trl"` (TRL's
-            `vllm_importance_sampling_*` fields exactly as set; its default masks sequences by exp(Σ_t log r_t),
-            which grows with the length). Our two modes set TRL's fields so that TRL computes the trainer's log-probs
-            of the rollout (`vllm_importance_sampling_correction=True`, `"token_truncate"`, clip_max c); `"off"` turns
-            TRL's correction off. The default is chosen by `benchmarks/rollout_correction.py` (README).
-        rollout_correction_cap (`float`, *optional*, defaults to `2.0`):
-            c > 1: the per-token truncation cap and the geometric mask's bound [1/c, c].
-        async_generation (`bool`, *optional*, defaults to `False`):
-            One-step-off rollouts (`or1_trl/generation/overlap.py`, `docs/async_generation.md`): while update k runs, the vLLM
-            server generates the rollout of step k+1 from the weights update k−1 left, requested over HTTP from a
-            background thread; the weights are pushed between updates. Needs `use_vllm=True, vllm_mode="server"` and
-            a `rollout_correction` that weights by the generator's log-probs (not `"off"`): they are the behaviour
-            policy of the stale rollout; one rollout per update (`num_iterations=1`, `steps_per_generation` =
-            `gradient_accumulation_steps`); single-turn generation (no tools, environments or `rollout_func`). The
-            first step, a stage's first and the first after a resume generate synchronously. Not the paper's
-            recipe, which is on-policy (a warning says so).
-        max_staleness (`int`, *optional*, defaults to `1`):
-            With `async_generation`: the most updates between the weights that generated a rollout and the update
-            that trains on it (logged as `async/staleness`); a staler rollout is an error. At least 1.
         overwrite_output_dir (`bool`, *optional*, defaults to `False`):
             Start over in an `output_dir` that holds a previous run (its `checkpoint-N` folders or
             `prompt_stats.jsonl`): they are removed when training starts. Without it (or `resume_from_checkpoint`,
@@ -226,7 +274,8 @@ class OR1Config(GRPOConfig):
     Every numeric field the trainer reads — these, TRL's and transformers' — must lie in its range
     (`or1_trl/recipe/ranges.py`, `FIELD_RANGES`: e.g. `top_p` in (0, 1], `temperature` > 0, `max_steps` >= 1 or -1,
     `0 < learning_rate <= 10`; no NaN or inf), checked before anything else: a `ValueError` names the field, its value,
-    the range and why (one line and exit status 2 on the command line, before the model loads).
+    the range and why (one line and exit status 2 on the command line, before the model loads). So must every field
+    with a fixed set of values hold one of them (`FIELD_CHOICES`, the one table of them).
 
     `use_liger_kernel=True` (TRL's field: Liger's Triton layer kernels, as Skywork trained with them) is CUDA-only;
     on CPU it is an error. `bf16` left unset (TRL turns it on) is `False` on a machine without CUDA (one log line says
@@ -240,7 +289,7 @@ class OR1Config(GRPOConfig):
     has no token count to replace, or with `beta > 0`.
     """
 
-    # --- changed TRL defaults -----------------------------------------------------------------------------------
+    # Parameters whose default values are overridden from GRPOConfig (the entropy ones: adaptive entropy control)
     lr_scheduler_type: str = field(
         default="constant",
         metadata={"help": "Learning-rate schedule. The paper trains with a constant learning rate of 1e-6."},
@@ -263,10 +312,19 @@ class OR1Config(GRPOConfig):
         default=None, metadata={"help": "Upper clip c_max of the entropy coefficient. Unset: from `entropy_preset`."}
     )
 
-    # --- new fields ---------------------------------------------------------------------------------------------
+    # Parameters that control rejection sampling (§3.1)
     rejection_sampling: str = choice_field("compact", REJECTION_MODES, help=(
         "How zero-advantage groups leave the update: 'compact' (removed before forward/backward), "
         "'mask' (kept with weight 0, as Skywork's code), or 'off' (TRL's behaviour)."))
+    rejection_refill_rounds: int = field(
+        default=0,
+        metadata={
+            "help": "When rejection leaves fewer informative groups than the batch asks for, generate up to this "
+            "many more rounds from the pool to fill it (DAPO dynamic sampling). 0: off."
+        },
+    )
+
+    # Parameters that control the adaptive entropy (eq. 3.2)
     entropy_preset: str = field(
         default="paper",
         metadata={
@@ -277,10 +335,27 @@ class OR1Config(GRPOConfig):
     entropy_estimator: str = choice_field("full", ENTROPY_ESTIMATORS, help=(
         "Entropy the controller measures: 'full' (vocabulary entropy) or 'sampled' (−mean log-prob "
         "of the sampled tokens, as the released code)."))
+    entropy_collapse_fraction: float = field(
+        default=0.5,
+        metadata={
+            "help": "Warn once (entropy collapse) when the entropy stays below this fraction of entropy_target for "
+            "entropy_collapse_steps steps while the controller is saturated (c = c_max) or off."
+        },
+    )
+    entropy_collapse_steps: int = field(
+        default=10, metadata={"help": "Consecutive steps for the entropy-collapse warning; 0 disables it."}
+    )
+
+    # Parameters that control the policy loss: the 80/20 rule and truncated responses (§3.2.3)
     top_entropy_normalization: str = choice_field("all", TOP_ENTROPY_NORMALIZATIONS, help=(
         "With top_entropy_quantile < 1: divide the policy term by all kept tokens ('all', TRL) or by "
         "the selected high-entropy tokens ('selected', the official 80/20 code)."))
+    truncated_advantage_mask: str = choice_field("none", TRUNCATED_ADVANTAGE_MASKS, help=(
+        "Advantage mask for truncated responses (paper §3.2.3): 'none' (the paper's choice), 'after' "
+        "(they stay in the group mean/std, then get advantage 0) or 'before' (they leave the group mean/std "
+        "too and get advantage 0)."))
 
+    # Parameters that control multi-stage training and the prompt pool (§3.2.2, §3.1)
     stages: list[dict] | str | None = field(
         default=None,
         metadata={
@@ -302,45 +377,30 @@ class OR1Config(GRPOConfig):
         default=None,
         metadata={"help": "If set, at each stage start also drop prompts never solved in at least this many samples."},
     )
-    rejection_refill_rounds: int = field(
-        default=0,
-        metadata={
-            "help": "When rejection leaves fewer informative groups than the batch asks for, generate up to this "
-            "many more rounds from the pool to fill it (DAPO dynamic sampling). 0: off."
-        },
+
+    # Parameters that control the rollout correction and asynchronous generation
+    rollout_correction: str = choice_field(DEFAULT_ROLLOUT_CORRECTION, ROLLOUT_CORRECTIONS, help=(
+        "Correction for the vLLM/trainer log-prob mismatch: 'off' (none, the paper), 'token_truncate' "
+        "(per-token ratio capped at rollout_correction_cap), 'geo_mask_token_truncate' (sequence kept iff the "
+        "geometric mean of its ratios is in [1/c, c], length-independent, then per-token truncation), or 'trl' "
+        "(TRL's vllm_importance_sampling_* as set)."))
+    rollout_correction_cap: float = field(
+        default=DEFAULT_CAP,
+        metadata={"help": "c > 1: per-token truncation cap and geometric-mask bound [1/c, c] of rollout_correction."},
+    )
+    async_generation: bool = field(
+        default=False,
+        metadata={"help": "One-step-off rollouts: the vLLM server generates step k+1's rollout (weights of update k-1) "
+                  "while update k runs. Needs use_vllm, vllm_mode='server', rollout_correction != 'off'. Not the "
+                  "paper's on-policy recipe."},
+    )
+    max_staleness: int = field(
+        default=1,
+        metadata={"help": "With async_generation: the most updates a rollout may lag the update that trains on it "
+                  "(>= 1; a staler one is an error)."},
     )
 
-    truncated_advantage_mask: str = choice_field("none", TRUNCATED_ADVANTAGE_MASKS, help=(
-        "Advantage mask for truncated responses (paper §3.2.3): 'none' (the paper's choice), 'after' "
-        "(they stay in the group mean/std, then get advantage 0) or 'before' (they leave the group mean/std "
-        "too and get advantage 0)."))
-
-    entropy_collapse_fraction: float = field(
-        default=0.5,
-        metadata={
-            "help": "Warn once (entropy collapse) when the entropy stays below this fraction of entropy_target for "
-            "entropy_collapse_steps steps while the controller is saturated (c = c_max) or off."
-        },
-    )
-    entropy_collapse_steps: int = field(
-        default=10, metadata={"help": "Consecutive steps for the entropy-collapse warning; 0 disables it."}
-    )
-
-    max_prompt_length: int | None = field(
-        default=None,
-        metadata={
-            "help": "Cut prompts longer than this to their last max_prompt_length tokens (one warning counts them). "
-            "None: prompts that do not fit the context with max_completion_length are an error at start."
-        },
-    )
-    nonfinite_rewards: str = choice_field("error", NONFINITE_REWARD_MODES, help=(
-        "A reward of inf or NaN: 'error' (stop, naming the reward function and the sample) or 'zero' "
-        "(score it 0, count it in reward/nonfinite, warn once)."))
-    skipped_steps_warning: int = field(
-        default=5,
-        metadata={"help": "Warn once after this many consecutive skipped steps (every group rejected); 0: never."},
-    )
-
+    # Parameters that control the vLLM server's weight sync (only used when `use_vllm=True, vllm_mode="server"`)
     vllm_weight_sync: str | None = choice_field(None, WEIGHT_SYNC_BACKENDS, help=(
         "vLLM server mode: how weights reach the server. 'nccl' (TRL's, CUDA), 'disk' (safetensors in "
         "vllm_sync_dir, reloaded by a server started with `or1-trl serve --weight-sync disk`; any device). "
@@ -369,10 +429,11 @@ class OR1Config(GRPOConfig):
             "variable (a command line is visible in ps)."
         },
     )
+
+    # Parameters that control performance: the log-prob backend and padding-free packing
     logprob_backend: str = choice_field("auto", LOGPROB_BACKENDS, help=(
         "What computes per-token log-probs and entropies without [B, T, V] logits: 'trl' (TRL's fused LM "
         "head), 'liger' (Liger-Kernel's fused linear cross-entropy) or 'auto' (liger on CPU, trl on GPUs)."))
-
     padding_free: bool = field(
         default=False,
         metadata={"help": "Forward the log-prob passes without padding: rows packed end to end, position_ids restarting "
@@ -384,28 +445,21 @@ class OR1Config(GRPOConfig):
                   "forwards but the last are checkpointed, so this bounds the activation memory. None: one forward."},
     )
 
-    rollout_correction: str = choice_field(DEFAULT_ROLLOUT_CORRECTION, ROLLOUT_CORRECTIONS, help=(
-        "Correction for the vLLM/trainer log-prob mismatch: 'off' (none, the paper), 'token_truncate' "
-        "(per-token ratio capped at rollout_correction_cap), 'geo_mask_token_truncate' (sequence kept iff the "
-        "geometric mean of its ratios is in [1/c, c], length-independent, then per-token truncation), or 'trl' "
-        "(TRL's vllm_importance_sampling_* as set)."))
-    rollout_correction_cap: float = field(
-        default=DEFAULT_CAP,
-        metadata={"help": "c > 1: per-token truncation cap and geometric-mask bound [1/c, c] of rollout_correction."},
+    # Parameters that control the checks on prompts, rewards and the output directory
+    max_prompt_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Cut prompts longer than this to their last max_prompt_length tokens (one warning counts them). "
+            "None: prompts that do not fit the context with max_completion_length are an error at start."
+        },
     )
-
-    async_generation: bool = field(
-        default=False,
-        metadata={"help": "One-step-off rollouts: the vLLM server generates step k+1's rollout (weights of update k-1) "
-                  "while update k runs. Needs use_vllm, vllm_mode='server', rollout_correction != 'off'. Not the "
-                  "paper's on-policy recipe."},
+    nonfinite_rewards: str = choice_field("error", NONFINITE_REWARD_MODES, help=(
+        "A reward of inf or NaN: 'error' (stop, naming the reward function and the sample) or 'zero' "
+        "(score it 0, count it in reward/nonfinite, warn once)."))
+    skipped_steps_warning: int = field(
+        default=5,
+        metadata={"help": "Warn once after this many consecutive skipped steps (every group rejected); 0: never."},
     )
-    max_staleness: int = field(
-        default=1,
-        metadata={"help": "With async_generation: the most updates a rollout may lag the update that trains on it "
-                  "(>= 1; a staler one is an error)."},
-    )
-
     overwrite_output_dir: bool = field(
         default=False,
         metadata={
@@ -417,6 +471,7 @@ class OR1Config(GRPOConfig):
 
     def __post_init__(self):
         check_ranges(self)  # every numeric field in its range (`ranges.FIELD_RANGES`), before TRL divides by any
+        check_choices(self)  # every field with fixed values holds one of them (`FIELD_CHOICES`)
         self._apply_entropy_preset()
         self._apply_stages()
         self._default_bf16_off_without_cuda()
@@ -484,19 +539,11 @@ class OR1Config(GRPOConfig):
     def _apply_weight_sync(self):
         if self.vllm_weight_sync is None:
             self.vllm_weight_sync = default_weight_sync(self.use_cpu)
-        if self.vllm_weight_sync not in VLLM_WEIGHT_SYNC:
-            raise ValueError(f"vllm_weight_sync={self.vllm_weight_sync!r} is not one of {list(VLLM_WEIGHT_SYNC)}.")
         if self.vllm_sync_dir is not None:  # None: chosen by the trainer (weight_sync.DiskWeightSync.use_default_dir)
             self.vllm_sync_dir = os.path.abspath(os.path.expanduser(self.vllm_sync_dir))
-        if self.vllm_sync_dtype not in SYNC_DTYPES:
-            raise ValueError(f"vllm_sync_dtype={self.vllm_sync_dtype!r} is not one of {list(SYNC_DTYPES)}.")
-        if self.vllm_sync_peft not in SYNC_PEFT_MODES:
-            raise ValueError(f"vllm_sync_peft={self.vllm_sync_peft!r} is not one of {list(SYNC_PEFT_MODES)}.")
 
     def _apply_rollout_correction(self):
-        """Check `rollout_correction` and set TRL's `vllm_importance_sampling_*` for it (left as set with "trl")."""
-        if self.rollout_correction not in ROLLOUT_CORRECTIONS:
-            raise ValueError(f"rollout_correction={self.rollout_correction!r} is not one of {list(ROLLOUT_CORRECTIONS)}.")
+        """Set TRL's `vllm_importance_sampling_*` for `rollout_correction` (left as set with "trl")."""
         if self.rollout_correction == "trl":
             return
         ours = {"vllm_importance_sampling_correction": False} if self.rollout_correction == "off" else {
@@ -536,8 +583,6 @@ class OR1Config(GRPOConfig):
         return parse_stages(self.stages)
 
     def _apply_entropy_preset(self):
-        if self.entropy_preset not in ENTROPY_PRESETS:
-            raise ValueError(f"entropy_preset={self.entropy_preset!r} is not one of {sorted(ENTROPY_PRESETS)}.")
         for name, value in ENTROPY_PRESETS[self.entropy_preset].items():
             if getattr(self, name) is None:  # fields the user set explicitly win over the preset
                 setattr(self, name, value)
@@ -615,16 +660,6 @@ class OR1Config(GRPOConfig):
         problem = attention_problem((self.model_init_kwargs or {}).get("attn_implementation"))
         if self.padding_free and problem:
             raise ValueError(problem)
-        for name, allowed in (
-            ("rejection_sampling", REJECTION_MODES),
-            ("entropy_estimator", ENTROPY_ESTIMATORS),
-            ("top_entropy_normalization", TOP_ENTROPY_NORMALIZATIONS),
-            ("logprob_backend", LOGPROB_BACKENDS),
-            ("nonfinite_rewards", NONFINITE_REWARD_MODES),
-            ("truncated_advantage_mask", TRUNCATED_ADVANTAGE_MASKS),
-        ):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {list(allowed)}.")
         if self.logprob_backend == "liger" and not liger_available():
             raise ValueError("logprob_backend='liger' needs liger-kernel: pip install liger-kernel==0.8.5 (Linux only).")
         check_liger_layer_kernels(self)

@@ -4,9 +4,11 @@ import dataclasses
 import typing
 import math
 import os
+import re
 import warnings
 
 import pytest
+from trl import GRPOConfig
 
 from or1_trl import OR1Config
 from or1_trl.recipe.ranges import FIELD_RANGES, UNCHECKED, check_ranges
@@ -58,6 +60,19 @@ def test_released_preset_and_explicit_fields_win(tmp_path):
 def test_bad_config_errors(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
         config(tmp_path, **overrides)
+
+
+def test_every_choice_field_is_checked_with_its_choices(tmp_path):
+    """`FIELD_CHOICES` is the one table of fixed values: each field the command line limits to choices is in it with
+    the same values, and a value outside them is one `ValueError` naming the field, the value and the choices."""
+    from or1_trl.trainer.or1_config import FIELD_CHOICES
+
+    limited = {f.name: f.metadata["choices"] for f in dataclasses.fields(OR1Config)
+               if "choices" in f.metadata and f.name not in {g.name for g in dataclasses.fields(GRPOConfig)}}
+    assert {name: list(FIELD_CHOICES[name]) for name in limited} == limited
+    for name, allowed in FIELD_CHOICES.items():
+        with pytest.raises(ValueError, match=re.escape(f"{name}='bogus' is not one of {list(allowed)}.")):
+            config(tmp_path, **{name: "bogus"})
 
 
 def test_trl_losses_allowed_with_or1_off(tmp_path):
