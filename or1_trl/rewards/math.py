@@ -12,32 +12,21 @@ For a completion ``y`` and the gold answers ``g_1..g_k`` of its prompt, the pape
 The rule is implemented once, in :func:`score_answer` (steps b-d) and :func:`extract_final_answer` (step a).
 :class:`MathReward` applies it to a batch with TRL's reward-function signature.
 
-Execution model. Math-Verify bounds parsing and comparison with ``signal.alarm`` (``parse(...,
-parsing_timeout=5)``, ``verify(..., timeout_seconds=5)``, whole seconds), which only works in the main thread
-of a process, and which cannot interrupt a C routine that never returns to the interpreter. So the rule runs in
-a pool of worker processes:
-
-* each worker is a fresh interpreter started with ``subprocess`` (fork+exec): no ``fork`` of a process that
-  holds torch/CUDA/NCCL threads, no re-import of the user's ``__main__`` (as ``spawn``/``forkserver`` do), and
-  this file is loaded on its own, without importing the rest of ``or1_trl``;
-* each sample runs in a worker's main thread, so Math-Verify's own timeouts work;
-* the parent gives every sample a hard wall-clock deadline (``timeout``): a worker that exceeds it is killed
-  (SIGKILL) and replaced, and only that sample scores 0; a worker that dies while scoring a sample (segfault,
-  ``os._exit``, OOM killer) is replaced and only that sample scores 0; the other samples of the batch keep
-  their scores;
-* workers are reused across calls, shut down at exit (``weakref.finalize``, i.e. atexit) and always reaped;
-  a worker whose parent disappears exits by itself.
+Execution model. Math-Verify's timeouts (``signal.alarm``) work only in a process's main thread and cannot
+interrupt a C routine, so the rule runs in a pool of worker processes (``rewards/math_pool.py``): fresh
+interpreters that load this file on its own, without importing the rest of ``or1_trl``, one sample at a time in
+their main thread, each under a hard wall-clock deadline (``timeout``); a sample whose worker is killed at the
+deadline or dies scores 0, the other samples of the batch keep their scores.
 
 Throughput. Nearly all the time goes to Math-Verify itself (its pure-Python ANTLR LaTeX parser, then sympy),
-so the pool aims at keeping every worker busy: samples are pipelined (a worker has the next one waiting in its
-socket), samples with the same gold go to the same worker (the samples of one prompt share its caches),
-identical (answer, gold) pairs in a batch are scored once, step (c) skips ``verify``, gold parses are cached,
-and each worker warms the LaTeX parser on ~30 typical answers when it starts. Two exact fast paths
-(``fast_paths=True``, workers only) halve the CPU per sample: Math-Verify's LaTeX grammar is parsed with ANTLR's
-two-stage strategy (SLL prediction, whose decisions are cached, and the original LL parse only after an SLL
-syntax error; ANTLR guarantees the same tree), and the outcome of step (d) is remembered per (gold, exact
-structure of the parsed prediction). Both return what the plain rule returns; ``num_workers=0`` runs the plain
-rule, and the tests and ``benchmarks/rewards.py`` compare the two.
+so the pool aims at keeping every worker busy: samples are pipelined, samples with the same gold go to the same
+worker (the samples of one prompt share its caches), identical (answer, gold) pairs in a batch are scored once,
+step (c) skips ``verify``, gold parses are cached, and each worker warms the LaTeX parser on ~30 typical answers
+when it starts. Two exact fast paths (``fast_paths=True``, workers only) halve the CPU per sample: Math-Verify's
+LaTeX grammar is parsed with ANTLR's two-stage strategy (SLL prediction, whose decisions are cached, and the
+original LL parse only after an SLL syntax error; ANTLR guarantees the same tree), and the outcome of step (d) is
+remembered per (gold, exact structure of the parsed prediction). Both return what the plain rule returns;
+``num_workers=0`` runs the plain rule, and the tests and ``benchmarks/rewards.py`` compare the two.
 
 Input guard (our addition, not in the paper). Math-Verify's extraction regexes are super-linear on some inputs
 (a run of ``$1+`` takes ~1 s per 10k characters; a 1 MB digit string ~3 s), so before step (b) the answer text
@@ -54,20 +43,20 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
-import pickletools
-import socket
-import subprocess
-import sys
 import threading
-import time
-import weakref
-from collections import deque
 from collections.abc import Callable, Sequence
 from functools import lru_cache
-from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from .math_pool import (  # noqa: F401 - WorkerStartupError: raised to MathReward's callers, named here too
+    STATUS_CRASHED,
+    STATUS_ERROR,
+    STATUS_KILLED,
+    WorkerPool,
+    WorkerStartupError,
+    pickle_score_fn,
+    serve,
+)
 
 __all__ = [
     "MathReward",
@@ -99,9 +88,8 @@ STATUS_NO_ANSWER = "no_answer"  # step (b): fewer than 2 parsed items
 STATUS_PARSE_TIMEOUT = "parse_timeout"  # Math-Verify's own (SIGALRM) timeout during step (b)
 STATUS_PARSE_ERROR = "parse_error"  # exception during step (b)
 STATUS_NO_GOLD = "no_gold"  # the sample has no gold answer
-STATUS_ERROR = "error"  # the scoring function raised
-STATUS_KILLED = "killed_timeout"  # the parent's hard deadline expired; the worker was killed
-STATUS_CRASHED = "worker_crashed"  # the worker process died while scoring the sample
+# ... and the pool's own (`math_pool.py`): STATUS_ERROR (the scoring function raised), STATUS_KILLED (the parent's
+# hard deadline expired; the worker was killed), STATUS_CRASHED (the worker process died while scoring the sample).
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -339,20 +327,8 @@ def _quiet_math_verify_logs() -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Worker process
+# Worker process (the pool, `math_pool.py`, starts it on this file)
 # --------------------------------------------------------------------------------------------------------------
-
-# Run by ``python -c`` in each worker: load this file as a stand-alone module (no ``or1_trl`` package import,
-# no ``__main__`` re-import) and serve requests on the inherited socket.
-_BOOTSTRAP = (
-    "import importlib.util, sys\n"
-    "spec = importlib.util.spec_from_file_location('_or1_trl_math_reward_worker', sys.argv[1])\n"
-    "mod = importlib.util.module_from_spec(spec)\n"
-    "sys.modules[spec.name] = mod\n"
-    "spec.loader.exec_module(mod)\n"
-    "mod._worker_main(int(sys.argv[2]))\n"
-)
-
 
 #: Typical answers (and a few wrong ones, to exercise ``verify``) parsed by each worker at start-up.
 _WARMUP = (
@@ -389,353 +365,23 @@ _WARMUP = (
 )
 
 
-def _watch_parent(parent_pid: int) -> None:
-    # Exit if the parent disappears while this worker is busy (an idle worker sees EOF on its socket).
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != parent_pid:
-            os._exit(0)
+def _ready_worker(parsing_timeout: int | None, verify_timeout: int | None, warmup: bool, fast_paths: bool) -> None:
+    """Ready the rule in a worker, before it takes samples: Math-Verify's logs quiet, the fast paths, the warm-up."""
+    _quiet_math_verify_logs()
+    if fast_paths:
+        _install_fast_paths()
+    # Warm up before declaring ourselves ready: the first parses compile Math-Verify's regexes, fill sympy's
+    # caches and, above all, the DFA cache of the (pure-Python) ANTLR LaTeX parser, which makes later
+    # parses of similar LaTeX several times faster. Each worker sees only its share of the samples, so it
+    # would otherwise stay colder than a single process for a long time.
+    for text, gold in _WARMUP if warmup else _WARMUP[:1]:
+        score_answer(text, (gold,), parsing_timeout, verify_timeout)
 
 
 def _worker_main(fd: int) -> None:
-    """Serve ``("task", id, text, golds)`` requests until EOF or ``None``; answer ``("result", id, score, status)``."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business; it kills us on the way out
-    conn = Connection(fd)
-    try:
-        _, sys_path, fn_bytes, parsing_timeout, verify_timeout, memory_limit_mb, warmup, fast_paths = conn.recv()
-        sys.path[:] = sys_path
-        if memory_limit_mb:
-            import resource
-
-            limit = int(memory_limit_mb) * 1024 * 1024
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-        score_fn = pickle.loads(fn_bytes) if fn_bytes is not None else score_answer
-        _quiet_math_verify_logs()
-        if fast_paths:
-            _install_fast_paths()
-        threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
-        # Warm up before declaring ourselves ready: the first parses compile Math-Verify's regexes, fill sympy's
-        # caches and, above all, the DFA cache of the (pure-Python) ANTLR LaTeX parser, which makes later
-        # parses of similar LaTeX several times faster. Each worker sees only its share of the samples, so it
-        # would otherwise stay colder than a single process for a long time.
-        for text, gold in _WARMUP if warmup else _WARMUP[:1]:
-            score_answer(text, (gold,), parsing_timeout, verify_timeout)
-        conn.send(("ready", os.getpid()))
-    except (EOFError, OSError):
-        return
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        if msg is None:
-            return
-        _, task_id, text, golds = msg
-        try:
-            score, status = score_fn(text, golds, parsing_timeout, verify_timeout)
-            result = ("result", task_id, float(score), str(status))
-        except BaseException:  # noqa: BLE001 - a sample's failure is that sample's 0, never the worker's
-            result = ("result", task_id, 0.0, STATUS_ERROR)
-        try:
-            conn.send(result)
-        except (EOFError, OSError):
-            return
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Worker pool (parent side)
-# --------------------------------------------------------------------------------------------------------------
-
-
-class WorkerStartupError(RuntimeError):
-    """A worker process failed to start (broken environment): raised instead of silently scoring 0."""
-
-
-def _pickle_score_fn(score_fn: Callable) -> bytes:
-    """``score_fn`` as the bytes the workers unpickle; raises ``TypeError`` if a worker could not load it.
-
-    Pickle stores a function (or a class) by reference, ``module.qualname``, and each worker is a fresh interpreter
-    that imports that module: a lambda or a nested function cannot be pickled at all, and anything defined in the
-    parent's ``__main__`` (the script being run, a notebook, ``python -c``) is not importable in a worker, whose
-    ``__main__`` is its own bootstrap. Checked in the parent, before any worker starts."""
-    what = getattr(score_fn, "__qualname__", None) or type(score_fn).__qualname__
-    try:
-        data = pickle.dumps(score_fn, protocol=2)  # protocol 2 names every global in a GLOBAL opcode, see below
-    except Exception as exc:
-        raise TypeError(
-            f"MathReward(score_fn={what!r}): score_fn cannot be pickled ({exc}); the worker processes receive it "
-            "by reference, so it must be a module-level function (or picklable object) defined in an importable "
-            "module, e.g. `from my_rewards import my_score`, not a lambda or a nested function. "
-            "MathReward(num_workers=0) runs it in-process instead."
-        ) from exc
-    for opcode, arg, _ in pickletools.genops(data):
-        if opcode.name == "GLOBAL" and arg.split(" ", 1)[0] == "__main__":
-            name = arg.split(" ", 1)[1]
-            raise TypeError(
-                f"MathReward(score_fn={what!r}): {name!r} is defined in __main__ (the script or notebook being "
-                "run). The worker processes are fresh interpreters that import score_fn by reference and cannot "
-                "import your __main__: define it in an importable module (e.g. my_rewards.py next to your script, "
-                "then `from my_rewards import ...`), or use MathReward(num_workers=0) to score in-process."
-            )
-    return data
-
-
-class _Worker:
-    """Parent-side handle of one worker process. Tasks are pipelined: ``inflight`` holds the ids sent to the
-    worker, in order; the first is being scored (since ``since``), the others wait in the socket, so that the
-    worker never waits for a busy parent to hand it the next sample."""
-
-    __slots__ = ("proc", "conn", "ready", "inflight", "queued_bytes", "key", "since")
-
-    def __init__(self, proc: subprocess.Popen, conn: Connection):
-        self.proc = proc
-        self.conn = conn
-        self.ready = False  # set by the worker's "ready" message
-        self.inflight: deque[tuple[int, int]] = deque()  # (task id, message size)
-        self.queued_bytes = 0  # bytes of the waiting (not yet started) messages
-        self.key: tuple[str, ...] | None = None  # golds of the last task: see _WorkerPool.run
-        self.since = time.monotonic()  # start of the current task (or of the process)
-
-    @property
-    def task(self) -> int | None:
-        """The task being scored, if any."""
-        return self.inflight[0][0] if self.inflight else None
-
-    def kill(self) -> None:
-        try:
-            self.conn.close()
-        except OSError:
-            pass
-        if self.proc.poll() is None:
-            try:
-                self.proc.kill()
-            except OSError:
-                pass
-        try:
-            self.proc.wait(timeout=10)  # reap: no zombies
-        except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL not delivered in 10 s
-            logger.error("math_reward: worker %d did not exit after SIGKILL", self.proc.pid)
-
-
-def _shutdown_workers(workers: list[_Worker], owner_pid: int, grace: float = 2.0) -> None:
-    """Ask idle workers to exit, then kill whatever is left; always reap. In a forked copy of the owner
-    process, only drop our copies of the sockets: the workers belong to the owner."""
-    if os.getpid() != owner_pid:
-        for w in workers:
-            try:
-                w.conn.close()
-            except OSError:
-                pass
-        workers.clear()
-        return
-    for w in workers:
-        try:
-            if not w.inflight:
-                w.conn.send(None)
-        except (OSError, ValueError):
-            pass
-    deadline = time.monotonic() + grace
-    for w in workers:
-        if not w.inflight:
-            try:
-                w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        w.kill()
-    workers.clear()
-
-
-class _WorkerPool:
-    """Worker processes that score samples, with a per-sample hard deadline and crash recovery."""
-
-    #: At most this many samples wait in a worker's socket behind the one being scored, and at most this many
-    #: bytes: a busy worker does not read, and the parent must never block on a send (it enforces deadlines).
-    PREFETCH = 2
-    PREFETCH_BYTES = 128 * 1024
-
-    def __init__(
-        self,
-        size: int,
-        score_fn: Callable | None,
-        parsing_timeout: int | None,
-        verify_timeout: int | None,
-        memory_limit_mb: int | None,
-        startup_timeout: float,
-        warmup: bool = True,
-        fast_paths: bool = True,
-    ):
-        self.pid = os.getpid()
-        self._init = (
-            "init",
-            list(sys.path),
-            _pickle_score_fn(score_fn) if score_fn is not None else None,
-            parsing_timeout,
-            verify_timeout,
-            memory_limit_mb,
-            warmup,
-            fast_paths,
-        )
-        self._score_fn_module = None if score_fn is None else getattr(score_fn, "__module__", type(score_fn).__module__)
-        self._startup_timeout = startup_timeout
-        self._env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-        self.workers: list[_Worker] = []
-        self.restarts = 0
-        self._finalizer = weakref.finalize(self, _shutdown_workers, self.workers, self.pid)
-        for _ in range(size):
-            self.workers.append(self._spawn())
-
-    def _spawn(self) -> _Worker:
-        if not sys.executable:
-            raise WorkerStartupError("math_reward: sys.executable is unknown; use MathReward(num_workers=0)")
-        parent_sock, child_sock = socket.socketpair()
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOTSTRAP, os.path.abspath(__file__), str(child_sock.fileno())],
-                pass_fds=(child_sock.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                env=self._env,
-            )
-        finally:
-            child_sock.close()
-        conn = Connection(parent_sock.detach())
-        worker = _Worker(proc, conn)
-        try:
-            conn.send(self._init)
-        except OSError:
-            pass  # the worker already died: noticed as a startup failure below
-        return worker
-
-    def _replace(self, worker: _Worker) -> None:
-        worker.kill()
-        self.workers[self.workers.index(worker)] = self._spawn()
-        self.restarts += 1
-
-    def close(self) -> None:
-        self._finalizer()
-
-    def run(self, tasks: list[tuple[str, tuple[str, ...]]], timeout: float) -> list[tuple[float, str]]:
-        """Score ``tasks`` (answer text, golds); returns ``(score, status)`` per task, in order."""
-        results: list[tuple[float, str] | None] = [None] * len(tasks)
-        # Tasks are queued per gold answer, and a worker keeps taking samples of the gold it worked on last:
-        # the samples of one prompt (TRL puts a group's samples next to each other) then share the worker's
-        # caches (the parsed gold; Math-Verify's cache of recently parsed LaTeX, which the group's repeated
-        # final answers hit).
-        queues: dict[tuple[str, ...], deque[int]] = {}
-        for i, (_, golds) in enumerate(tasks):
-            queues.setdefault(golds, deque()).append(i)
-        messages: dict[int, bytes] = {}
-        remaining = len(tasks)
-
-        def requeue(worker: _Worker, keep_first: bool) -> None:
-            # Give back the samples that were waiting behind the failed one: not their fault.
-            for i, _ in reversed(list(worker.inflight)[1:] if keep_first else list(worker.inflight)):
-                queues.setdefault(tasks[i][1], deque()).appendleft(i)
-            worker.inflight.clear()
-
-        while remaining:
-            # Dispatch: fill each ready worker's pipeline.
-            for w in list(self.workers):
-                while w.ready and queues and len(w.inflight) <= self.PREFETCH:
-                    key = self._pick_queue(w, queues)
-                    i = queues[key][0]
-                    msg = messages.get(i)
-                    if msg is None:
-                        msg = messages[i] = pickle.dumps(("task", i, tasks[i][0], tasks[i][1]), protocol=5)
-                    if w.inflight and w.queued_bytes + len(msg) > self.PREFETCH_BYTES:
-                        break  # too big to wait in the socket: send it when the worker is idle
-                    queues[key].popleft()
-                    if not queues[key]:
-                        del queues[key]
-                    try:
-                        w.conn.send_bytes(msg)
-                    except OSError:  # died (e.g. killed from outside) with nothing of ours running
-                        queues.setdefault(key, deque()).appendleft(i)
-                        if w.inflight:
-                            break  # its death is noticed below, where the running sample gets its 0
-                        self._replace(w)
-                        break
-                    if not w.inflight:
-                        w.since = time.monotonic()
-                    else:
-                        w.queued_bytes += len(msg)
-                    w.inflight.append((i, len(msg)))
-                    w.key = key
-            # Wait for a result, a death, or the nearest deadline.
-            waiting = [w for w in self.workers if w.inflight or not w.ready]
-            now = time.monotonic()
-            nearest = min(w.since + (timeout if w.ready else self._startup_timeout) for w in waiting)
-            by_conn = {w.conn: w for w in waiting}
-            for conn in wait(list(by_conn), timeout=max(0.0, nearest - now)):
-                w = by_conn[conn]
-                try:
-                    msg = conn.recv()
-                except (EOFError, OSError):
-                    msg = None
-                if msg is None:  # the worker died
-                    code = w.proc.wait()
-                    if not w.ready:
-                        self._startup_failed(w, f"exited with code {code}")
-                    if w.inflight:
-                        i = w.task
-                        logger.warning(
-                            "math_reward: worker %d died (exit code %s) while scoring sample %d; it scores 0",
-                            w.proc.pid, code, i,
-                        )
-                        results[i] = (0.0, STATUS_CRASHED)
-                        remaining -= 1
-                        requeue(w, keep_first=True)
-                    self._replace(w)
-                elif msg[0] == "ready":
-                    w.ready, w.since = True, time.monotonic()
-                else:
-                    _, i, score, status = msg
-                    if w.inflight and w.inflight[0][0] == i:
-                        w.inflight.popleft()
-                        if w.inflight:  # the next one starts now
-                            w.queued_bytes -= w.inflight[0][1]
-                            w.since = time.monotonic()
-                    if results[i] is None:
-                        results[i] = (score, status)
-                        remaining -= 1
-            # Enforce deadlines.
-            now = time.monotonic()
-            for w in list(self.workers):
-                if w.inflight and now - w.since > timeout:
-                    i = w.task
-                    logger.warning(
-                        "math_reward: sample %d exceeded the %.1f s deadline; worker %d killed, sample scores 0",
-                        i, timeout, w.proc.pid,
-                    )
-                    results[i] = (0.0, STATUS_KILLED)
-                    remaining -= 1
-                    requeue(w, keep_first=True)
-                    self._replace(w)
-                elif not w.ready and now - w.since > self._startup_timeout:
-                    self._startup_failed(w, f"not ready after {self._startup_timeout:.0f} s")
-        return results  # type: ignore[return-value]
-
-    def _pick_queue(self, worker: _Worker, queues: dict) -> tuple[str, ...]:
-        if worker.key in queues:
-            return worker.key
-        others = {w.key for w in self.workers if w is not worker}
-        for key in queues:  # the first group nobody is working on ...
-            if key not in others:
-                return key
-        return next(iter(queues))  # ... else help with one
-
-    def _startup_failed(self, worker: _Worker, why: str) -> None:
-        worker.kill()
-        needs = "math-verify"
-        if self._score_fn_module is not None:
-            needs += f" and the module of score_fn ({self._score_fn_module!r}, with everything it imports)"
-        raise WorkerStartupError(
-            f"math_reward: a worker process failed to start ({why}); see its traceback above. "
-            f"Check that {needs} can be imported by a fresh `{sys.executable}` with this process's sys.path, "
-            "or use MathReward(num_workers=0)."
-        )
+    """A worker process's entry point (``math_pool._BOOTSTRAP`` loads this file and calls it): the pool's serve loop
+    with this rule."""
+    serve(fd, score_answer, _ready_worker)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -826,13 +472,13 @@ class MathReward:
         if score_fn is not None and not callable(score_fn):
             raise TypeError(f"score_fn must be callable, got {score_fn!r}")
         if score_fn is not None and self.num_workers > 0:
-            _pickle_score_fn(score_fn)  # fail here, with the reason, rather than in the workers
+            pickle_score_fn(score_fn)  # fail here, with the reason, rather than in the workers
         self.score_fn = score_fn
         self.startup_timeout = float(startup_timeout)
         self.warmup = bool(warmup)
         self.fast_paths = bool(fast_paths)
         self.__name__ = name
-        self._pool: _WorkerPool | None = None
+        self._pool: WorkerPool | None = None
         self._lock = threading.Lock()
         #: Number of samples per status (see STATUS_*), since creation.
         self.stats: dict[str, int] = {}
@@ -869,12 +515,13 @@ class MathReward:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _get_pool(self) -> _WorkerPool:
+    def _get_pool(self) -> WorkerPool:
         if self._pool is not None and self._pool.pid != os.getpid():
             # We are a forked copy of the process that owns these workers: leave them alone.
             self._pool = None
         if self._pool is None:
-            self._pool = _WorkerPool(
+            self._pool = WorkerPool(
+                __file__,
                 self.num_workers,
                 self.score_fn,
                 self.parsing_timeout,
