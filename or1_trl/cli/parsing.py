@@ -180,7 +180,7 @@ class DatasetArguments:
     split: str = field(default="train", metadata={"help": "Split to read ('+' joins splits: 'math+code')."})
 
     def load(self, column: str | None = None, hint: str = ""):
-        """The split (`data.load_data`); `ValueError` if it cannot be read or has no `column` (then `hint`)."""
+        """The split (`data.loading.load_data`); `ValueError` if it cannot be read or has no `column` (then `hint`)."""
         from ..data.loading import load_data
 
         dataset = load_data(self.dataset_name, self.dataset_config, split=self.split)

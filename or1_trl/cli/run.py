@@ -64,8 +64,9 @@ def uses_demo_data(script_args, model_args) -> bool:
 
 
 def training_data(script_args, training_args):
-    """The dataset and the verifier rewards (`--reward`): rows checked and converted (`data.training_dataset`), or
-    the prompt column alone for `--reward_funcs` without a verifier. `ValueError` names the dataset."""
+    """The dataset and the verifier rewards (`--reward`): rows checked and converted
+    (`data.released.training_dataset`), or the prompt column alone for `--reward_funcs` without a verifier.
+    `ValueError` names the dataset."""
     from ..data.loading import load_data
     from ..data.released import training_dataset
     from ..rewards import code_reward, math_reward, mixed_rewards

@@ -6,7 +6,8 @@ of correct ones is stored per model, as the released data stores it, and prompts
     or1-trl train ... --dataset_name data/my-7b         # the kept rows: 1..N-1 correct of N
 
 - N = 16 samples per math prompt and 8 per code prompt (the paper's), at temperature 1.0 and top-p 1.0; each row's
-  verifier by its `ability` (`data.training_dataset`: the released format, or plain `prompt`/`answer` / `tests`).
+  verifier by its `ability` (`released.training_dataset`: the released format, or plain `prompt`/`answer` /
+  `tests`).
 - Generation is `or1_trl.generation.sampling` (a vLLM server, in-process vLLM or HF `generate`); every finished prompt's samples
   and rewards are appended to `<output_dir>/samples-<ability>.jsonl` at once (one fsynced line), so an interrupted
   run, started again, continues with the prompts it has not finished. A prompt's store key is its row number and
