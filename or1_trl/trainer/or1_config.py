@@ -31,7 +31,8 @@ TOP_ENTROPY_NORMALIZATIONS = ("all", "selected")
 VLLM_WEIGHT_SYNC = WEIGHT_SYNC_BACKENDS
 NONFINITE_REWARD_MODES = ("error", "zero")
 #: The values each OR1 field with a fixed set of them accepts, checked once by `check_choices` (first thing in
-#: `__post_init__`, with the ranges); `choice_field` also gives them to the command line's parser.
+#: `__post_init__`, with the ranges). The fields made with `choice_field` give the same tuples to the command line's
+#: parser (`tests/trainer/test_or1_config.py` checks that they agree).
 FIELD_CHOICES = {
     "rejection_sampling": REJECTION_MODES,
     "entropy_preset": tuple(sorted(ENTROPY_PRESETS)),
