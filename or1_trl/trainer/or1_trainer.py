@@ -28,9 +28,9 @@ One step k = one generation batch, on-policy; each hook wraps TRL's (super(), th
    (`trainer/observability.RunWatch`). With `async_generation`, `_generate` and `get_batch_samples` hand the
    one-step-off rollouts to `generation/overlap.OverlappedRollouts`.
 
-Process-wide patches, each scoped and commented where it is made: `weight_sync.generation_backend` (a TRL module
-name, during `GRPOTrainer.__init__`), and this trainer's own `callback_handler.on_train_end` (`train`),
-`args.save_total_limit` (`_save_checkpoint`) and `accelerator.gather` (`_compute_loss`).
+Patches, each scoped and commented where it is made: `weight_sync.generation_backend` (a TRL module name, during
+`GRPOTrainer.__init__`), and this trainer's own `callback_handler.on_train_end` (`train`: `stage_loop_end`),
+`args.save_total_limit` (`_save_checkpoint`: `checkpoint.save_complete`) and `accelerator.gather` (`_compute_loss`).
 
 With every OR1 feature off (`rejection_sampling="off"`, `use_adaptive_entropy=False`, `entropy_coef=0`,
 `logprob_backend="trl"`, `rollout_correction="trl"`) or with a plain `GRPOConfig`, the trainer is `GRPOTrainer` unchanged.
@@ -110,7 +110,7 @@ class OR1Trainer(GRPOTrainer):
 
     Args:
         model, reward_funcs, train_dataset, eval_dataset, processing_class, ...: exactly as [`~trl.GRPOTrainer`];
-            the datasets also in the paper's released (verl) format (`data.py`; with `reward_funcs=None` each row is
+            the datasets also in the paper's released (verl) format (`data/released.py`; `reward_funcs=None`: each row
             scored by its own verifier, `rewards.mixed_rewards`).
         args ([`OR1Config`], *optional*): defaults to `OR1Config("<model>-OR1")`, the MAGIC recipe.
 
@@ -470,7 +470,7 @@ class OR1Trainer(GRPOTrainer):
 
     # --- Pre-flight and the model card
     def _check_prompt_lengths(self) -> None:
-        """Prompts that do not fit the context, by TRL's own tokenisation: an error, or a warning (`data.py`)."""
+        """Prompts that do not fit the context, by TRL's own tokenisation: an error, or a warning (`released.py`)."""
         check_prompts_fit(
             self.train_dataset, self.eval_dataset, lambda batch: super(OR1Trainer, self)._tokenize_prompts(batch)[0],
             self.accelerator.unwrap_model(self.model).config.get_text_config(),
