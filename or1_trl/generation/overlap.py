@@ -27,13 +27,16 @@ Which log-probs play π_old for a stale rollout: see `docs/async_generation.md` 
 
 from __future__ import annotations
 
+import concurrent.futures
+import copy
 import threading
 import time
 from collections.abc import Callable
-import concurrent.futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+from accelerate.utils import broadcast_object_list, gather_object
 
 THREAD_NAME = "or1-rollout"
 PREFIX = "async"
@@ -221,15 +224,17 @@ class OverlappedRollouts:
 
     Step k (the update from weights v_{k−1}), on the training thread:
 
+    0. `step_rollout_next`: the trainer's next generation is the step's own rollout (not a refill, not an evaluation);
     1. `batches`: the data loader is read one step ahead: step k's batches were fetched at step k−1, step k+1's now;
-    2. `wait`: before TRL pushes v_{k−1} the request in flight (step k's prompts, weights v_{k−2}) finishes, so the
-       server never reloads weights during a request;
+    2. `before_generation` (every rank) → `wait`: before TRL pushes v_{k−1} the request in flight (step k's
+       prompts, weights v_{k−2}) finishes, so the server never reloads weights during a request;
     3. TRL pushes the weights and asks for step k's completions; `serve` (main process, inside TRL's
        `VLLMGeneration.generate`) answers with the rollout in flight when the request equals it (staleness 1), else
        sends it (staleness 0: the first step, after a resume or a stage change);
-    4. `submit_next`: every rank tokenizes its step-k+1 prompts as TRL does, they are gathered (a collective, on the
-       training thread) and the main process requests them on the rollout thread, with step k's sampling parameters,
-       under weights version k−1; the request runs while step k is scored, rejected, refilled and trained on.
+    4. `request_next` → `submit_next`: every rank tokenizes its step-k+1 prompts as TRL does, they are gathered (a
+       collective, on the training thread) and the main process requests them on the rollout thread, with step k's
+       sampling parameters, under weights version k−1; the request runs while step k is scored, rejected, refilled
+       and trained on.
 
     A checkpoint does not hold the request in flight: its prompts were not recorded (`PromptSchedule` counts a batch
     when it is scored; transformers skips batches by steps), so a resumed run generates them again, from the resumed
@@ -244,7 +249,46 @@ class OverlappedRollouts:
         self._background = None  # the rollout thread's own client (a requests.Session is not thread-safe)
         self._version = 0  # the update the current step's rollout is for (main process)
         self._regular = False  # the next request is the step's rollout (not a refill, not an evaluation)
+        self._step_next = False  # every rank: the trainer's next generation is the step's own rollout
         self.metrics: dict[str, float] = {}  # `async/*` of the last step's rollout (main process)
+
+    @classmethod
+    def for_trainer(cls, trainer) -> "OverlappedRollouts":
+        """`OR1Trainer`'s, over its TRL generation path (single-turn rollouts only); the main process attaches it to
+        TRL's vLLM client, with a second client for the rollout thread."""
+        if trainer.rollout_func is not None or trainer.tools or trainer.environment_factories is not None:
+            raise ValueError("async_generation=True prefetches single-turn rollouts: it does not run with tools, "
+                             "environment_factory or rollout_func; set async_generation=False.")
+        overlap = cls(trainer.args.max_staleness, trainer.accelerator.is_main_process)
+        if trainer.accelerator.is_main_process:
+            generation = trainer.vllm_generation
+            overlap.attach(generation, background_client(generation.vllm_client))
+        return overlap
+
+    def step_rollout_next(self, training: bool) -> None:
+        """Every rank, at a rollout batch: whether the next generation is the step's own rollout (training; refills
+        come later and go through the server), read by the next `before_generation`."""
+        self._step_next = training
+
+    def before_generation(self, step: int, last_loaded_step: int) -> bool:
+        """Every rank, before TRL's `_generate`: the request in flight finishes if TRL pushes weights next; a step's
+        own rollout is announced (`step_request`). Returns whether it is one (then `request_next` after it)."""
+        regular, self._step_next = self._step_next, False
+        if step != last_loaded_step:  # TRL pushes weights next: no request in flight
+            self.wait()
+        if regular:
+            self.step_request(step)
+        return regular
+
+    def request_next(self, step: int, end_step: int, tokenize: Callable, num_generations: int) -> dict[str, float]:
+        """Every rank, after the step's own rollout: the next step's prompts (this rank's, tokenized by `tokenize` as
+        TRL does, gathered) go to the server, unless step `step + 1` reaches `end_step`. Returns the step's `async/*`
+        metrics (measured by the main process)."""
+        metrics = broadcast_object_list([self.metrics])[0]
+        prompts = self.next_prompts() if step + 1 < end_step else None
+        if prompts is not None:
+            self.submit_next(step, gather_object(tokenize(copy.deepcopy(prompts))[0]), num_generations)
+        return metrics
 
     def attach(self, vllm_generation, background_client) -> None:
         """Main process: answer TRL's requests through `PrefetchedClient`; `background_client` sends the prefetches."""

@@ -19,6 +19,7 @@ Shapes: b rows (prompt × sample) in the micro-batch, T completion positions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,18 @@ def share(total: torch.Tensor | float, num_processes: int, accumulation: float, 
     """One micro-step's share of a count over the generation batch of all ranks (TRL's "dapo" rescaling): DDP
     averages over ranks and the `steps_per_generation` micro-steps of one rollout add up (`accumulation` per step)."""
     return total / num_processes * accumulation / steps_per_generation
+
+
+def selected_normaliser(mask: torch.Tensor, high_entropy: torch.Tensor, kept_rows, reduce: Callable, num_processes: int,
+                        accumulation: float, steps_per_generation: float) -> tuple:
+    """The 80/20 rule's "selected" normaliser (the official code's) for `magic_loss`: the selected tokens of the kept
+    ones, `mask` · `high_entropy` (`[b, T]`, TRL's own mask of the policy pass), instead of T_k; summed over ranks by
+    `reduce`, with the rows holding a kept token and the kept rows' share (`kept_rows`, default: those rows)."""
+    chosen = mask * high_entropy
+    local = torch.stack([chosen.sum(), (mask.sum(dim=1) > 0).sum().float()]).detach()  # [2]
+    chosen, with_tokens = reduce(local)
+    kept = with_tokens if kept_rows is None else kept_rows
+    return chosen, with_tokens, share(kept, num_processes, accumulation, steps_per_generation)
 
 
 @dataclass

@@ -293,6 +293,13 @@ class PromptSchedule:
 
     STATE_FILES = (PROMPTS_STATE_FILE, PROMPT_STATS_STATE_FILE)
 
+    @classmethod
+    def over(cls, dataset, id_column: str | None, seed: int, log_path: str, index_column: str):
+        """`(schedule, dataset)`: the schedule over a map-style `datasets.Dataset` (ids by `prompt_ids`), and the
+        dataset with `index_column`, each row's index, added for the per-prompt statistics."""
+        schedule = cls(prompt_ids(dataset, id_column), seed, log_path)
+        return schedule, dataset.add_column(index_column, list(range(len(dataset))))
+
     def __init__(self, ids: list[str], seed: int, log_path: str):
         self.ids = ids
         self.seed = seed

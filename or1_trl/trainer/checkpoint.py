@@ -39,13 +39,16 @@ import os
 import re
 import shutil
 import zlib
+from collections.abc import Callable
 from contextlib import contextmanager, suppress
 
+from transformers.trainer import TRAINER_STATE_NAME, rotate_checkpoints
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
 from ..files import TMP_INFIX, fsync, write_json_atomic
 from ..generation.server_health import RESYNCS_METRIC, SYNC_BYTES_METRIC, SYNC_SECONDS_METRIC, ServerDownError
+from ..recipe.prompts import PromptSchedule
 
 logger = logging.get_logger(__name__)
 
@@ -53,6 +56,8 @@ MARKER_FILE = "or1_checkpoint.json"
 MARKER_VERSION = 2
 EDGE_BYTES = 1 << 20  # the checksum covers the first and the last MiB of each file
 PROMPT_STATS_LOG = "prompt_stats.jsonl"
+OR1_STATE_FILE = "or1_state.json"
+TRL_ENTROPY_STATE_FILE = "entropy_ctrl_state.json"  # written by GRPOTrainer._save_checkpoint
 _CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -372,3 +377,47 @@ def stop_with_checkpoint(trainer):
             for name, value in breakdown.items():
                 metric = SYNC_BYTES_METRIC if name == "bytes" else f"{SYNC_SECONDS_METRIC}/{name}"
                 trainer._metrics["train"][metric] = [float(value)]
+
+
+# --- What an `OR1Trainer` checkpoint holds besides transformers' and TRL's files
+def required_files(trainer) -> list[str]:
+    """Every file a checkpoint of `trainer` (an `OR1Trainer`) must hold to be resumed from."""
+    schedule = PromptSchedule.STATE_FILES if trainer.prompt_schedule else ()
+    entropy = [TRL_ENTROPY_STATE_FILE] if trainer.use_adaptive_entropy else []
+    return [TRAINER_STATE_NAME, OR1_STATE_FILE, *schedule, *entropy]
+
+
+def or1_state(trainer) -> dict[str, dict]:
+    """`{file name: JSON state}` of `trainer`'s own state: its counters and its prompt schedule's."""
+    return {OR1_STATE_FILE: {"skipped_steps": trainer.or1_skipped_steps, "rows_forwarded": trainer.or1_rows_forwarded},
+            **(trainer.prompt_schedule.state() if trainer.prompt_schedule else {})}
+
+
+def load_or1_state(trainer, folder: str) -> None:
+    """Restore `trainer`'s own state from the complete checkpoint `folder`, before `Trainer.train` builds the data
+    loader."""
+    counters = read_state(folder, OR1_STATE_FILE)
+    trainer.or1_skipped_steps, trainer.or1_rows_forwarded = counters["skipped_steps"], counters["rows_forwarded"]
+    if trainer.prompt_schedule is not None:
+        states = {name: read_state(folder, name) for name in PromptSchedule.STATE_FILES}
+        trainer.prompt_schedule.load_state(states, truncate_log=trainer.accelerator.is_main_process)
+
+
+def save_complete(trainer, save: Callable[[], None], trial) -> None:
+    """`trainer._save_checkpoint`: transformers' and TRL's files (`save`, the wrapped method), then ours and the
+    marker; transformers' rotation (`args.save_total_limit`, scoped to this call) waits until the checkpoint is
+    complete. A full disk: one line, and the previous checkpoint stays the one to resume (`saving`)."""
+    save_total_limit, trainer.args.save_total_limit = trainer.args.save_total_limit, None
+    run_dir = trainer._get_output_dir(trial=trial)
+    folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}")
+    with saving(folder):
+        try:
+            save()
+        finally:
+            trainer.args.save_total_limit = save_total_limit
+        trainer.accelerator.wait_for_everyone()  # every rank's files are written before the marker lists them
+        if not trainer.args.should_save:
+            return
+        write_state(folder, or1_state(trainer), trainer._checkpoint_files())
+    rotate_checkpoints(output_dir=run_dir, save_total_limit=save_total_limit,
+                       best_model_checkpoint=trainer.state.best_model_checkpoint, use_mtime=True)

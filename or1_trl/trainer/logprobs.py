@@ -190,3 +190,20 @@ def resolve_logprob_backend(requested: str, model, device: torch.device) -> tupl
     if problem is not None:
         return "trl", f"auto: {problem}"
     return "liger", "auto: the lowest peak memory on CPU (benchmarks/memory.py)"
+
+
+def use_logprob_backend(backend: str, policy, ref_model=None, temperature: float | None = None,
+                        cast_lm_head_to_fp32: bool = False) -> None:
+    """TRL's fused head on the unwrapped `policy` (patched again at `temperature` if given: a stage's); with
+    `backend="liger"`, Liger's kernel bound into it and into the unwrapped `ref_model`'s (`use_liger_head`: these
+    models only)."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    policy = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    if temperature is not None:
+        add_fused_lm_head(policy, temperature=temperature, cast_lm_head_to_fp32=cast_lm_head_to_fp32,
+                          outputs=("log_probs", "entropy"))
+    if backend == "liger":
+        use_liger_head(policy)
+        if ref_model is not None:
+            use_liger_head(ref_model)

@@ -1,7 +1,8 @@
 """What a run shows while it trains: where each step's time goes, training accuracy, two entropy warnings, and a
 warning when steps keep being skipped.
 
-Pure pieces, testable without a trainer; `OR1Trainer` (`trainer.py`) feeds them from the hooks TRL already calls.
+Pure pieces, testable without a trainer; `OR1Trainer` (`trainer/or1_trainer.py`, through one `RunWatch`) feeds them
+from the hooks TRL already calls.
 
 **Time split** (`StepTimer`, metrics `time/*`). The Skywork-OR1 report breaks a step down into rollout, update and
 the rest (Table 7: 72% / 8.7% / 19% at 32B). Each moment of an optimizer step is charged to the innermost phase
@@ -50,15 +51,16 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
 from transformers import TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
 
-from ..recipe.entropy import StepWindow
 from ..files import write_json_atomic
+from ..recipe.entropy import StepWindow
+from .reward_checks import NonfiniteRewards
 
 PHASES = ("rollout", "reward", "update", "other")
 TIMED = PHASES[:3]  # measured directly; `other` is the rest of the step
@@ -161,6 +163,20 @@ class SaveFinalState(TrainerCallback):
         if state.is_world_process_zero:
             os.makedirs(args.output_dir, exist_ok=True)
             write_json_atomic(os.path.join(args.output_dir, TRAINER_STATE_NAME), dataclasses.asdict(state))
+
+
+@contextmanager
+def stage_loop_end(handler, final: bool):
+    """Scoped to `handler` (this trainer's `CallbackHandler`) during one stage's loop: a stage that is not the last
+    (`final=False`) closes only the progress bars at its end (`close_progress_bars`); trackers and the like stay open
+    across stages. The handler's own `on_train_end` is back on exit."""
+    train_end = handler.on_train_end
+    if not final:
+        handler.on_train_end = close_progress_bars(handler)
+    try:
+        yield
+    finally:
+        handler.on_train_end = train_end
 
 
 def close_progress_bars(handler):
@@ -358,3 +374,31 @@ class SkippedStepWatch:
             "every completion hit max_completion_length (completions/clipped_ratio = 1). Raise max_completion_length "
             "or set mask_truncated_completions=False." + settings
         )
+
+
+class RunWatch:
+    """Everything `OR1Trainer` shows besides TRL's metrics, in one place: the step's time split (`timer`), the entropy
+    and skipped-step warnings (`entropy`, `skipped`) and the inf/NaN reward screen (`nonfinite`, `reward_checks.py`).
+
+    Args:
+        args: the trainer's config; `is_or1`: an `OR1Config` (the entropy watch is OR1's only).
+    """
+
+    def __init__(self, args, is_or1: bool):
+        self.timer = StepTimer()
+        self.entropy = EntropyWatch.for_config(args) if is_or1 else None
+        self.skipped = SkippedStepWatch.for_config(args)
+        self.nonfinite = NonfiniteRewards()
+
+    def callbacks(self, sink: Callable[[dict[str, float]], None]) -> list[TrainerCallback]:
+        """The callbacks the trainer adds: the time split into `sink` each step, and the final `trainer_state.json`."""
+        return [StepTimerCallback(self.timer, sink), SaveFinalState()]
+
+    def end_step(self, coef: float, reduce: Callable, rollout) -> list[str]:
+        """At an optimizer step's end: the entropy warnings (collapse, low start; `reduce` sums over ranks) and the
+        skipped-step warning for the step's `rollout` (`recipe/rollout.Rollout`), those that are due."""
+        return self.entropy.end_step(coef, reduce) + self.skipped.observe(rollout.skip_update, rollout.outcomes)
+
+    def timed(self, phase: str, training: bool):
+        """Charge the block to `phase` of the step's time split (training only: evaluation counts as "other")."""
+        return self.timer.phase(phase) if training else nullcontext()

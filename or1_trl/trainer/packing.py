@@ -197,3 +197,16 @@ def check_packable(compute_aux_loss: bool, multimodal: dict) -> None:
     if compute_aux_loss:
         raise ValueError("padding_free=True does not compute the MoE router loss (router_aux_loss_coef): set "
                          "padding_free=False.")
+
+
+def packed_pass(model, accelerator, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                budget: int | None, compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """One pass of `OR1Trainer` (policy, old policy or reference) packed under `budget` tokens per forward:
+    `packed_logps_and_entropies` through the fused head. Forwards but the last go around DDP's wrapper (checkpointed:
+    recomputed in the backward), so each rank runs one wrapped forward per policy pass, whatever its number of
+    forwards."""
+    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=True)
+    return packed_logps_and_entropies(
+        fused_head_forward(model if torch.is_grad_enabled() else unwrapped, accelerator.autocast),
+        input_ids, attention_mask, logits_to_keep, budget, compute_entropy,
+        one_row_per_forward(unwrapped.config._attn_implementation), fused_head_forward(unwrapped, accelerator.autocast))

@@ -148,3 +148,18 @@ class NonfiniteRewards:
             raise ValueError(message)
         warning, self.warned = (None if self.warned else message), True
         return rewards_per_func.masked_fill(bad, 0.0), count, warning
+
+
+def screen_rewards(trainer, nonfinite: NonfiniteRewards, rewards_per_func: torch.Tensor, abstained, inputs: list[dict],
+                   prompts, completions, index_column: str) -> torch.Tensor:
+    """`OR1Trainer._calculate_rewards`' screen (`nonfinite.screen`) of a rollout's `[N, F]` rewards, with `trainer`'s
+    settings, ranks and step: the screened rewards; the count logged (`NONFINITE_METRIC`), the warning given."""
+    rewards_per_func, count, warning = nonfinite.screen(
+        rewards_per_func, abstained, trainer.accelerator.gather,
+        getattr(trainer.args, "nonfinite_rewards", "error") == "zero", trainer.reward_func_names,
+        trainer.accelerator.process_index, prompts, completions, [row.get(index_column, -1) for row in inputs],
+        trainer.state.global_step + 1)
+    if count is not None:
+        trainer._metrics["train" if trainer.model.training else "eval"][NONFINITE_METRIC].append(count)
+    trainer._warn(*filter(None, [warning]))
+    return rewards_per_func

@@ -72,10 +72,9 @@ def run_capturing(args, reward=parity_reward):
     seen, scored = [], trainer._scored
 
     def capture(inputs):
-        batch = scored(inputs)
-        rollout = trainer._rollouts["train"]
+        batch, rollout = scored(inputs)
         seen.append((rollout.rewards.tolist(), rollout.rows[:, 1].bool().tolist(), batch["advantages"].tolist()))
-        return batch
+        return batch, rollout
 
     trainer._scored = capture
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}

@@ -205,7 +205,7 @@ def test_the_batch_holds_the_modes_weights(vllm_server_bf16, tmp_path, mode):
     trainer = _server_trainer(vllm_server_bf16, tmp_path, rollout_correction=mode, rollout_correction_cap=NEAR_ONE,
                               max_completion_length=64)
     trainer.model.train()
-    batch = trainer._scored([trainer.train_dataset[i] for i in (0, 0, 0, 0, 2, 2, 2, 2)])  # 2 groups of G = 4
+    batch, _ = trainer._scored([trainer.train_dataset[i] for i in (0, 0, 0, 0, 2, 2, 2, 2)])  # 2 groups of G = 4
     expected = _expected(batch, mode, NEAR_ONE)
     torch.testing.assert_close(batch["importance_sampling_ratio"], expected, rtol=1e-6, atol=1e-7)
     masked = (expected == 0).all(dim=1).float().mean().item()
