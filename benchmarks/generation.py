@@ -37,7 +37,9 @@ import torch
 from or1_trl.cli.demo_run import addition_dataset
 from or1_trl.generation.serve import start_server
 from or1_trl.testing import VLLM_CPU_ARGS, save_tiny_model, tiny_model, tiny_tokenizer, vllm_python
-from or1_trl.generation.weight_sync import SYNC_PHASES, TMPFS, DiskWeightSync, http_vllm_client
+from or1_trl.generation.disk_sync import SYNC_PHASES, DiskWeightSync
+from or1_trl.generation.vllm_client import http_vllm_client
+from or1_trl.generation.weight_files import TMPFS
 
 PROMPTS, GROUP = 16, 8
 # Qwen2.5-0.5B's shape (random weights): what "0.5b" means below.

@@ -42,7 +42,7 @@ from or1_trl.recipe.rollout_correction import (DEFAULT_CAP, DEFAULT_ROLLOUT_CORR
                                         token_log_ratios, trl_weights)
 from or1_trl.generation.serve import start_server
 from or1_trl.testing import save_tiny_model, tiny_model, tiny_tokenizer, vllm_python
-from or1_trl.generation.weight_sync import http_vllm_client
+from or1_trl.generation.vllm_client import http_vllm_client
 
 # Synthetic (μ, σ, τ): per-token log-ratio μ + σ·noise, plus a per-sequence offset of spread τ.
 SETTINGS = ((0.0, 0.01, 0.0), (0.0, 0.03, 0.0), (1e-4, 0.01, 0.0), (0.0, 0.03, 0.4))

@@ -140,7 +140,7 @@ def test_update_readme_refuses_a_readme_without_the_block(tmp_path):
 def test_quick_generation_benchmark_measures_both_backends(tmp_path):
     """HF generate vs the vLLM server (needs the vLLM CPU venv; required in CI): both rows measured, the ratio is
     the ratio of the two rates, and the disk sync of the tiny model is timed phase by phase, full and LoRA."""
-    from or1_trl.generation.weight_sync import SYNC_PHASES
+    from or1_trl.generation.disk_sync import SYNC_PHASES
 
     text, figures = run_benchmark(tmp_path, "generation.py", needs_vllm=True)
     hf, vllm = figures["throughput"]

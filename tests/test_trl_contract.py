@@ -178,50 +178,50 @@ CONTRACT: list[Use] = [
         "logprobs.use_liger_head rebinds this name in one model's copy of TRL's forward: score only the valid "
         "positions", scanned=False),
     Use("trl.trainer.grpo_trainer", "VLLMGeneration", GLOBAL, None,
-        "weight_sync.generation_backend swaps it during GRPOTrainer.__init__ for OR1VLLMGeneration"),
+        "vllm_generation.generation_backend swaps it during GRPOTrainer.__init__ for OR1VLLMGeneration"),
     Use("trl.generation.vllm_generation", "VLLMClient", GLOBAL, None,
-        "weight_sync.py swaps it inside OR1VLLMGeneration._init_vllm for OR1VLLMClient (the API key)"),
+        "vllm_generation.py swaps it inside OR1VLLMGeneration._init_vllm for OR1VLLMClient (the API key)"),
     Use("trl.generation.vllm_client", "is_vllm_available", GLOBAL, None,
-        "weight_sync.http_vllm_client lifts VLLMClient's vLLM check for its constructor (HTTP-only client)"),
-    Use("trl.generation.vllm_client", "VLLMClient", GLOBAL, None, "weight_sync.py subclasses it (OR1VLLMClient)"),
+        "vllm_client.http_vllm_client lifts VLLMClient's vLLM check for its constructor (HTTP-only client)"),
+    Use("trl.generation.vllm_client", "VLLMClient", GLOBAL, None, "vllm_client.py subclasses it (OR1VLLMClient)"),
     Use("trl.generation.vllm_generation", "VLLMGeneration", GLOBAL, None,
-        "weight_sync.py subclasses it (OR1VLLMGeneration)"),
-    # --- VLLMGeneration / VLLMClient (weight_sync.py) ----------------------------------------------------------
+        "vllm_generation.py subclasses it (OR1VLLMGeneration)"),
+    # --- VLLMGeneration / VLLMClient (vllm_generation.py, vllm_client.py) -----------------------------------
     Use(VLLM_GENERATION, "__init__", METHOD, "self, model, accelerator, processing_class, mode=, ...",
-        "weight_sync.py: OR1VLLMGeneration passes TRL's arguments through"),
+        "vllm_generation.py: OR1VLLMGeneration passes TRL's arguments through"),
     Use(VLLM_GENERATION, "_init_vllm", METHOD, "self",
-        "weight_sync.py overrides: TRL's with OR1VLLMClient, or an HTTP-only client for the disk sync"),
-    Use(VLLM_GENERATION, "sync_weights", METHOD, "self", "weight_sync.py overrides: the disk weight sync"),
+        "vllm_generation.py overrides: TRL's with OR1VLLMClient, or an HTTP-only client for the disk sync"),
+    Use(VLLM_GENERATION, "sync_weights", METHOD, "self", "vllm_generation.py overrides: the disk weight sync"),
     Use(VLLM_GENERATION, "_iter_named_params", METHOD, "self",
-        "weight_sync.py calls it: the weights to push (gathered on every rank)"),
+        "vllm_generation.py calls it: the weights to push (gathered on every rank)"),
     Use(VLLM_GENERATION, "_fix_param_name_to_vllm", METHOD, "self, name, extra_prefixes=",
-        "weight_sync.py calls it: the base weights of a PEFT policy under vLLM's names (adapter-only sync), as "
+        "vllm_generation.py calls it: the base weights of a PEFT policy under vLLM's names (adapter-only sync), as "
         "TRL's _iter_named_params names them"),
-    Use(VLLM_GENERATION, "vllm_client", ATTRIBUTE, None, "weight_sync.py sets the HTTP-only client; overlap.py "
+    Use(VLLM_GENERATION, "vllm_client", ATTRIBUTE, None, "vllm_generation.py sets the HTTP-only client; overlap.py "
         "wraps it on the main process (PrefetchedClient answers the request in flight, async_generation)"),
     Use(VLLM_GENERATION, "generate", METHOD, "self, prompts, images, num_generations, profiler=",
-        "weight_sync.py overrides: the main process's ServerDownError reaches every rank (server_health.py); it "
+        "vllm_generation.py overrides: the main process's ServerDownError reaches every rank (server_health.py); it "
         "relies on TRL's server path broadcasting one 4-tuple (prompt_ids, completion_ids, logprobs, "
         "logprob_token_ids) from process 0 after the request, which the main process sends empty to release the others"),
     Use(VLLM_GENERATION, "server_timeout", ATTRIBUTE, None,
-        "weight_sync.py reads it (vllm_server_timeout): how long ServerWatch waits for a server that is down",
+        "vllm_generation.py reads it (vllm_server_timeout): how long ServerWatch waits for a server that is down",
         scanned=False),
     Use(VLLM_GENERATION, "max_completion_length", ATTRIBUTE, None, "stages.apply_to_trainer writes it at a stage start",
         scanned=False),
     Use(VLLM_GENERATION, "temperature", ATTRIBUTE, None, "stages.apply_to_trainer writes it at a stage start",
         scanned=False),
     Use(VLLM_CLIENT, "__init__", METHOD, "self, base_url=, host=, server_port=, group_port=, connection_timeout=, ...",
-        "weight_sync.py: OR1VLLMClient(base_url=, group_port=, connection_timeout=)"),
+        "vllm_client.py: OR1VLLMClient(base_url=, group_port=, connection_timeout=)"),
     Use(VLLM_CLIENT, "generate", METHOD, "self, prompts, ...",
-        "weight_sync.py overrides: OR1VLLMClient sends it through ServerWatch (health, weights version, re-request)"),
-    Use(VLLM_CLIENT, "chat", METHOD, "self, messages, ...", "weight_sync.py overrides: as generate"),
+        "vllm_client.py overrides: OR1VLLMClient sends it through ServerWatch (health, weights version, re-request)"),
+    Use(VLLM_CLIENT, "chat", METHOD, "self, messages, ...", "vllm_client.py overrides: as generate"),
     Use(VLLM_CLIENT, "check_server", METHOD, "self, total_timeout=, retry_interval=",
-        "weight_sync.py overrides: VLLMClient.__init__ calls it with connection_timeout (vllm_server_timeout); "
+        "vllm_client.py overrides: VLLMClient.__init__ calls it with connection_timeout (vllm_server_timeout); "
         "OR1VLLMClient says what it waits for and fails in one line, then calls TRL's (it reads the host)"),
     Use(VLLM_CLIENT, "session", ATTRIBUTE, None,
-        "weight_sync.py shadows it with a property: the session VLLMClient.__init__ creates gets the API key"),
+        "vllm_client.py shadows it with a property: the session VLLMClient.__init__ creates gets the API key"),
     Use(VLLM_CLIENT, "model", ATTRIBUTE, None,
-        "weight_sync.py shadows it with a property: generate/chat send it as the request's model, the LoRA adapter "
+        "vllm_client.py shadows it with a property: generate/chat send it as the request's model, the LoRA adapter "
         "of the last push (adapter-only sync) in place of the name VLLMClient.__init__ reads from /v1/models"),
     # --- OR1Config(GRPOConfig) -----------------------------------------------------------------------------------
     Use("trl.GRPOConfig", "__post_init__", METHOD, "self", "config.py overrides: stages, presets, validation"),

@@ -352,7 +352,7 @@ class OverlappedRollouts:
 def background_client(client):
     """A second HTTP client to the server of `client` (its URL, key, timeout and server watch), for the rollout
     thread: a `requests.Session` must not be shared across threads."""
-    from .weight_sync import http_vllm_client
+    from .vllm_client import http_vllm_client
 
     twin = http_vllm_client(base_url=client.base_url, connection_timeout=getattr(client, "connection_timeout", 0),
                             api_key=getattr(client, "api_key", None))

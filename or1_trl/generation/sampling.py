@@ -299,22 +299,14 @@ class ServerBackend:
         self.requests = 0  # generation requests answered so far (what a resumed run saved)
 
     def _session(self):
-        """This thread's `requests.Session`: keyed (`authorize`), and retrying a POST on connection errors and 5xx
-        answers `retries` times with exponential backoff (urllib3's `Retry`); 4xx answers are not retried."""
-        import requests
-        from requests.adapters import HTTPAdapter
-        from urllib3.util import Retry
-
-        from .serve import authorize
+        """This thread's `requests.Session` (`server_health.keyed_session`: keyed, and retrying connection errors
+        and 5xx answers `retries` times with exponential backoff, the trainer's policy); 4xx answers are not retried,
+        a lost answer is not asked again (it may have generated for `timeout` s), and the last 5xx answer comes back,
+        so that `_post` raises with its text."""
+        from .server_health import keyed_session
 
         if not hasattr(self._local, "session"):
-            session = authorize(requests.Session(), self._api_key)
-            retry = Retry(total=self.retries, connect=self.retries, status=self.retries, read=0, other=0,
-                          backoff_factor=1.0, status_forcelist=(500, 502, 503, 504), allowed_methods={"POST"},
-                          raise_on_status=False)  # the last 5xx answer comes back: `_post` raises with its text
-            session.mount("http://", HTTPAdapter(max_retries=retry))
-            session.mount("https://", HTTPAdapter(max_retries=retry))
-            self._local.session = session
+            self._local.session = keyed_session(self._api_key, retries=self.retries, resend=False, last_answer=True)
         return self._local.session
 
     def served_model(self) -> str:

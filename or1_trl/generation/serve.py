@@ -243,7 +243,7 @@ def build_command(
         "middleware": [AUTH_MIDDLEWARE] * bool(api_key) + [LORA_GUARD_MIDDLEWARE] * enable_lora,
         "worker_extension_cls": WORKER_EXTENSION_CLS if weight_sync == "disk" else None,
     })
-    if enable_lora:  # adapters loaded at run time, one per push (`weight_sync.DiskWeightSync.push_adapter`)
+    if enable_lora:  # adapters loaded at run time, one per push (`disk_sync.DiskWeightSync.push_adapter`)
         argv += ["--enable-lora"] + (["--max-lora-rank", str(max_lora_rank)] if max_lora_rank is not None else [])
         argv += ["--middleware", LORA_GUARD_MIDDLEWARE]  # and only from under the sync roots
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"

@@ -3,8 +3,10 @@
 What the trainer does when its server (vLLM server mode) misbehaves:
 
 1. **Transient failures are retried** by the HTTP session itself: `mount_retries` mounts an `HTTPAdapter` with
-   urllib3's `Retry` (`RETRY`: connection errors, a dropped response and 500/502/503/504, GET and POST — a generation
-   re-requested is fine — with exponential backoff, ~7 s in all) on the client's session, in both weight-sync modes.
+   urllib3's `Retry` (`retry_policy`, `RETRY`: connection errors, a dropped response and 500/502/503/504, GET and POST
+   — a generation re-requested is fine — with exponential backoff, ~7 s in all) on the client's session, in both
+   weight-sync modes. It is the one policy of every session to the server: the trainer's client, the disk sync's and
+   sampling's (`sampling.ServerBackend`, through `keyed_session`), each only setting its documented parameters.
 2. **Before each rollout** (`ServerWatch.ready`, before every generation request, refill rounds included) the server
    must answer `/health`; if it does not, the trainer waits for it, up to `vllm_server_timeout` seconds (TRL's
    `GRPOConfig` field). With the disk sync, the server's worker extension then reports the version of the weights it
@@ -29,17 +31,17 @@ import time
 
 from transformers.utils import logging
 
-from .serve import wait_for_health
+from .serve import authorize, wait_for_health
 
 logger = logging.get_logger(__name__)
 
 RESYNCS_METRIC = "vllm/resyncs"
-#: The disk sync's last push (`weight_sync.DiskWeightSync.last_breakdown`): `vllm/sync_seconds/<phase>` per phase
+#: The disk sync's last push (`disk_sync.DiskWeightSync.last_breakdown`): `vllm/sync_seconds/<phase>` per phase
 #: (gather, write, load, cache_reset) and `vllm/sync_bytes`, logged at the step that pushed.
 SYNC_SECONDS_METRIC = "vllm/sync_seconds"
 SYNC_BYTES_METRIC = "vllm/sync_bytes"
-#: urllib3 `Retry` settings of the trainer's HTTP session: backoff 0.5·2^(n-1) s (0, 1, 2, 4 s: ~7 s in all), then
-#: `ServerWatch` takes over (waits for `/health` up to `vllm_server_timeout`).
+#: urllib3 `Retry` settings of every HTTP session to the server (`retry_policy`): backoff 0.5·2^(n-1) s (0, 1, 2,
+#: 4 s: ~7 s in all), then, for the trainer, `ServerWatch` takes over (waits for `/health` up to `vllm_server_timeout`).
 RETRY = dict(total=4, connect=4, read=2, status=3, status_forcelist=(500, 502, 503, 504), backoff_factor=0.5,
              backoff_max=8, allowed_methods=("GET", "POST"))
 POOL_SIZE = 64  # TRL's generation concurrency: connections are reused across its parallel requests
@@ -50,21 +52,53 @@ class ServerDownError(RuntimeError):
 
 
 class WeightsRefusedError(ServerDownError):
-    """The vLLM server did not load a pushed version, asked twice (`weight_sync.RELOAD_TRIES`): a folder outside its
+    """The vLLM server did not load a pushed version, asked twice (`disk_sync.RELOAD_TRIES`): a folder outside its
     sync roots, incomplete, or a load that failed. It keeps its previous weights; the run stops the way it does for
-    a server that is down (`stop_with_checkpoint`: a complete checkpoint, one line)."""
+    a server that is down (`checkpoint.stop_with_checkpoint`: a complete checkpoint, one line)."""
 
 
-def mount_retries(session, **retry):
-    """Mount an `HTTPAdapter` retrying with urllib3's `Retry` (`RETRY`, updated by `retry`) on `session` (a
-    `requests.Session`), for http and https. Returns `session`."""
-    from requests.adapters import HTTPAdapter
+def retry_policy(retries: int | None = None, resend: bool = True, last_answer: bool = False):
+    """The retry policy of every HTTP session to a vLLM server, as urllib3's `Retry`: connection errors, a dropped
+    response and 500/502/503/504 answers are retried, GET and POST alike (a generation asked again is fine), with
+    backoff 0.5·2^(n-1) s (capped at 8 s); a 4xx answer is never retried (a 401: `serve.authorize`'s
+    `ServerKeyError`). The defaults are the trainer's (`RETRY`); sampling (`sampling.ServerBackend`), with no watch
+    behind it and requests that may generate for an hour, sets all three parameters.
+
+    Args:
+        retries: the retries of one request (connection errors and 5xx answers alike); `None`: `RETRY`'s (4 in all,
+            of which at most 3 for 5xx answers and 2 for a dropped response), after which `ServerWatch` takes over.
+        resend: send a request again when its answer was lost (a dropped connection, a read timeout); `False` where a
+            lost answer may have cost an hour of generation (sampling's `timeout`).
+        last_answer: past the retries, return the last 5xx answer (the caller raises with its text) instead of raising
+            `requests.exceptions.RetryError` (a transient failure: `ServerWatch.call` waits and asks again).
+    """
     from urllib3.util.retry import Retry
 
-    adapter = HTTPAdapter(max_retries=Retry(**{**RETRY, **retry}), pool_maxsize=POOL_SIZE)
+    settings = dict(RETRY) if retries is None else {**RETRY, "total": retries, "connect": retries, "read": retries,
+                                                    "status": retries}
+    if not resend:
+        settings["read"] = 0
+    return Retry(**settings, raise_on_status=not last_answer)
+
+
+def mount_retries(session, retries: int | None = None, resend: bool = True, last_answer: bool = False):
+    """Mount an `HTTPAdapter` retrying with `retry_policy(retries, resend, last_answer)` and pooling `POOL_SIZE`
+    connections on `session` (a `requests.Session`), for http and https. Returns `session`."""
+    from requests.adapters import HTTPAdapter
+
+    adapter = HTTPAdapter(max_retries=retry_policy(retries, resend, last_answer), pool_maxsize=POOL_SIZE)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     return session
+
+
+def keyed_session(api_key: str | None, **policy):
+    """A new `requests.Session` to a vLLM server: it sends `api_key` (`serve.authorize`: a 401 is a
+    `ServerKeyError`) and retries with `retry_policy(**policy)` (`mount_retries`). The disk sync's and sampling's
+    sessions; the trainer's client gets the same on the session TRL's `VLLMClient` creates (`OR1VLLMClient`)."""
+    import requests
+
+    return mount_retries(authorize(requests.Session(), api_key), **policy)
 
 
 def _transient():
@@ -80,7 +114,7 @@ class ServerWatch:
     Args:
         base_url: the server.
         timeout: seconds the server may stay unreachable before `ServerDownError` (`vllm_server_timeout`).
-        weights: the disk sync (`weight_sync.DiskWeightSync`: `version`, `server_versions()`, `reload()`), or `None`
+        weights: the disk sync (`disk_sync.DiskWeightSync`: `version`, `server_versions()`, `reload()`), or `None`
             (nccl mode: a server that was unreachable cannot be re-synced, so it stops the run).
 
     Attributes:

@@ -540,7 +540,7 @@ class OR1Config(GRPOConfig):
     def _apply_weight_sync(self):
         if self.vllm_weight_sync is None:
             self.vllm_weight_sync = default_weight_sync(self.use_cpu)
-        if self.vllm_sync_dir is not None:  # None: chosen by the trainer (weight_sync.DiskWeightSync.use_default_dir)
+        if self.vllm_sync_dir is not None:  # None: chosen by the trainer (disk_sync.DiskWeightSync.use_default_dir)
             self.vllm_sync_dir = os.path.abspath(os.path.expanduser(self.vllm_sync_dir))
 
     def _apply_rollout_correction(self):

@@ -28,7 +28,7 @@ One step k = one generation batch, on-policy; each hook wraps TRL's (super(), th
    (`trainer/observability.RunWatch`). With `async_generation`, `_generate` and `get_batch_samples` hand the
    one-step-off rollouts to `generation/overlap.OverlappedRollouts`.
 
-Patches, each scoped and commented where it is made: `weight_sync.generation_backend` (a TRL module name, during
+Patches, each scoped and commented where it is made: `vllm_generation.generation_backend` (a TRL module name, during
 `GRPOTrainer.__init__`), and this trainer's own `callback_handler.on_train_end` (`train`: `stage_loop_end`),
 `args.save_total_limit` (`_save_checkpoint`: `checkpoint.save_complete`) and `accelerator.gather` (`_compute_loss`).
 
@@ -55,7 +55,7 @@ from ..data.released import released_format_inputs
 from ..eval import model_card
 from ..eval.evaluation import group_pass_at_k, read_summary as read_eval_summary
 from ..generation.overlap import OverlappedRollouts
-from ..generation.weight_sync import generation_backend
+from ..generation.vllm_generation import generation_backend
 from ..recipe import stages
 from ..recipe.advantages import leave_group_statistics, zero_truncated
 from ..recipe.entropy import AdaptiveEntropyController, StepWindow
@@ -150,7 +150,7 @@ class OR1Trainer(GRPOTrainer):
         self.prompt_schedule, train_dataset = prompt_schedule(args, train_dataset)
         self._stages = stages.StageRun(args.stage_list if is_or1 else [], args, args.world_size,
                                        len(self.prompt_pool) if self.prompt_schedule else 0)
-        # vLLM server mode: TRL's NCCL weight transfer, or safetensors through a shared directory (weight_sync.py).
+        # vLLM server mode: TRL's NCCL weight transfer, or safetensors through a shared directory (disk_sync.py).
         # Process-wide: the module-level name TRL builds its backend by is swapped during this call only.
         with generation_backend(args) if is_or1 else nullcontext():
             super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *rest, **kwargs)

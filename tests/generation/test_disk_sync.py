@@ -18,7 +18,8 @@ from safetensors import safe_open
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 from or1_trl.generation.server_health import WeightsRefusedError
-from or1_trl.generation.weight_sync import HEADER_BYTES, SYNC_PHASES, DiskWeightSync, private_dir, write_safetensors
+from or1_trl.generation.disk_sync import SYNC_PHASES, DiskWeightSync
+from or1_trl.generation.weight_files import HEADER_BYTES, private_dir, write_safetensors
 
 from ..conftest import _start_server
 from ..helpers import ScriptedReward, logged, tagged_dataset
@@ -420,9 +421,9 @@ def test_default_dir_falls_back_to_the_output_dir_with_one_warning_on_any_error(
     os.chown(theirs, OTHER_UID, OTHER_UID)
     fallback = tmp_path / "out" / "_vllm_sync"
     sync = DiskWeightSync("http://127.0.0.1:9", str(tmp_path / "unused"))  # the server is never asked
-    with caplog.at_level(logging.WARNING, logger="or1_trl.generation.weight_sync"):
+    with caplog.at_level(logging.WARNING, logger="or1_trl.generation.disk_sync"):
         line = sync.use_default_dir(str(fallback), needed_bytes=1, tmpfs=str(theirs))
-    warnings = [r.getMessage() for r in caplog.records if r.name == "or1_trl.generation.weight_sync"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "or1_trl.generation.disk_sync"]
     assert len(warnings) == 1 and f"belongs to uid {OTHER_UID}" in warnings[0] and str(fallback) in warnings[0]
     assert sync.sync_dir == str(fallback) and sync.file_mode == 0o666 and str(fallback) in line
     assert os.listdir(theirs) == []

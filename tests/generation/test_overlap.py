@@ -196,7 +196,7 @@ def test_a_server_request_runs_off_the_training_thread_and_equals_a_synchronous_
     thread runs torch work; what it returns equals the same request (same seed) made synchronously. No clock decides
     the outcome: the request waits until the training thread has stepped, and the training thread steps until the
     rollout is ready."""
-    from or1_trl.generation.weight_sync import http_vllm_client
+    from or1_trl.generation.vllm_client import http_vllm_client
 
     client = http_vllm_client(base_url=vllm_server.url, api_key=vllm_server.api_key)
     prompts = [[5, 9, 13, 17], [6, 7, 11]]

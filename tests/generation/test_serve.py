@@ -19,7 +19,7 @@ import torch
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.generation.serve import API_KEY_ENV, AUTH_MIDDLEWARE, SERVER_MODULE, ServerKeyError, build_command
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
-from or1_trl.generation.weight_sync import WORKER_EXTENSION_VERSION, DiskWeightSync
+from or1_trl.generation.disk_sync import WORKER_EXTENSION_VERSION, DiskWeightSync
 
 from ..helpers import free_port
 from ..helpers import G, ScriptedReward, logged, tagged_dataset
@@ -240,10 +240,10 @@ def test_two_trainer_processes_one_server(vllm_server, tmp_path):
 
 def test_a_server_with_another_extension_version_is_refused(vllm_server, tmp_path, monkeypatch):
     """The trainer checks the server's worker extension before training and says how to restart it."""
-    from or1_trl.generation import weight_sync
+    from or1_trl.generation import disk_sync
 
     DiskWeightSync(vllm_server.url, str(tmp_path)).check_server()
-    monkeypatch.setattr(weight_sync, "WORKER_EXTENSION_VERSION", 2)
+    monkeypatch.setattr(disk_sync, "WORKER_EXTENSION_VERSION", 2)
     expected = rf"version \[{WORKER_EXTENSION_VERSION}\], this trainer needs 2.*or1-trl serve MODEL --weight-sync disk"
     with pytest.raises(RuntimeError, match=expected):
         DiskWeightSync(vllm_server.url, str(tmp_path)).check_server()

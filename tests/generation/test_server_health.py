@@ -26,7 +26,8 @@ from transformers import AutoModelForCausalLM, TrainerCallback
 from or1_trl.trainer import checkpoint
 from or1_trl.generation.server_health import RESYNCS_METRIC, RETRY, ServerDownError, ServerWatch, mount_retries
 from or1_trl.testing import tiny_model_and_tokenizer
-from or1_trl.generation.weight_sync import DiskWeightSync, http_vllm_client
+from or1_trl.generation.disk_sync import DiskWeightSync
+from or1_trl.generation.vllm_client import http_vllm_client
 
 from ..conftest import VLLMServer, require_or_skip
 from ..helpers import ROOT, free_port

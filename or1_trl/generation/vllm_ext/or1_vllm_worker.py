@@ -35,7 +35,7 @@ server without one):
   their files' sizes, covering every tensor of the last weights loaded); a load that fails anyway (I/O, a loader
   error) is undone by reloading the last complete weights. `or1_reload_weights` then answers `{"ok": False, "error":
   ...}` and keeps its weights and version: the trainer retries once, then stops with a checkpoint
-  (`or1_trl/generation/weight_sync.py`). Without the check, a folder without weights left vLLM's parameters on the meta
+  (`or1_trl/generation/disk_sync.py`). Without the check, a folder without weights left vLLM's parameters on the meta
   device: `/health` still said 200 and the next generation killed the engine.
 """
 
