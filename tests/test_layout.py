@@ -181,7 +181,8 @@ TESTED_IN = {
     "or1_trl/generation/vllm_generation.py": "tests/generation/test_disk_sync.py",  # the trainer's disk sync
     "or1_trl/generation/vllm_client.py": "tests/generation/test_server_health.py",  # retries, the watch, the key
     **{f"or1_trl/cli/{name}.py": "tests/cli/test_commands.py" for name in (
-        "demo_run", "difficulty", "evaluate", "parsing", "plot", "prepare", "run", "select_examples", "serve", "train")},
+        "demo_run", "difficulty", "evaluate", "parsing", "plot", "prepare", "run", "select_examples", "serve",
+        "train")},
 }
 
 
@@ -199,3 +200,43 @@ def test_every_module_has_a_test_file_a_newcomer_finds():
         if tested_in is not None and (mirrored.exists() or not (ROOT / tested_in).exists()):
             stale.append(f"{module}: TESTED_IN says {tested_in}")
     assert not missing and not stale, "\n".join(missing + stale)
+
+
+def _own_private_attributes(tree: ast.AST) -> set[str]:
+    """`self._x = ...` (and `self._x: T = ...`, tuple targets) anywhere in `tree`."""
+    names = set()
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AnnAssign) else [])
+        for target in targets:
+            for element in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if (isinstance(element, ast.Attribute) and isinstance(element.value, ast.Name)
+                        and element.value.id == "self" and element.attr.startswith("_")
+                        and not element.attr.startswith("__")):
+                    names.add(element.attr)
+    return names
+
+
+def test_the_trainer_stays_thin():
+    """Issue 33: `OR1Trainer` is the paper wired into TRL's hooks, its state owned by the components it calls:
+    `or1_trainer.py` at most 500 lines, `__init__` at most 45, at most 10 private attributes of its own (TRL's and
+    transformers', which it only sets again, do not count)."""
+    import inspect
+
+    from transformers import Trainer
+    from trl import GRPOTrainer
+
+    path = PACKAGE / "trainer" / "or1_trainer.py"
+    source = path.read_text()
+    tree = ast.parse(source)
+    trainer = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "OR1Trainer")
+    init = next(node for node in trainer.body if isinstance(node, ast.FunctionDef) and node.name == "__init__")
+    inherited = set()
+    for base in (GRPOTrainer, Trainer):
+        inherited |= _own_private_attributes(ast.parse(inspect.getsource(inspect.getmodule(base))))
+    own = sorted(_own_private_attributes(trainer) - inherited)
+    assert len(source.splitlines()) <= 500
+    assert init.end_lineno - init.lineno + 1 <= 45
+    assert len(own) <= 10, own
+    example = "self._a = 1\nself._b, x = 2, 3\nself.c = 4\nother._d = 5"
+    assert _own_private_attributes(ast.parse(example)) == {"_a", "_b"}
