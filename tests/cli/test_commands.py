@@ -82,6 +82,8 @@ CONFIG_CASES = {
     "eval": (["--model", "FILES/model", "--benchmarks", "FILES/bench.jsonl"], "n: 4\npreset: open-r1\n",
              lambda p: (p[0].settings.n, p[0].settings.temperature, p[0].output_dir), (4, 0.6, "FILES/model/eval")),
     "plot": (["FILES"], "smooth: 3\n", lambda p: p[0].smooth, 3),
+    "model": (["smollm2"], "output_dir: models/smollm2\n", lambda p: (p[0].name, p[0].output_dir),
+              ("smollm2", "models/smollm2")),
 }
 
 
