@@ -139,3 +139,42 @@ def test_or1_trainer_trains_the_real_model(smollm2_dir, tmp_path):
     assert all(torch.isfinite(torch.tensor(entry["entropy"])) for entry in logs)
     after = trainer.model.state_dict()
     assert any(not torch.equal(before[name], after[name].cpu()) for name in before)
+
+
+def test_liger_and_trls_log_probs_agree_on_the_real_model(smollm2_dir, tmp_path):
+    """Per-token log-probs and entropies of the 49,152-entry head: Liger's kernel and TRL's fused head inside
+    `OR1Trainer`, each against a plain log-softmax of the materialised logits, on chat-formatted SmolLM2 text."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from or1_trl import OR1Config, OR1Trainer
+    from or1_trl.testing import CPU_RUN
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir, padding_side="left")
+    turns = [("What is 7 times 8?", "7 times 8 is 56."), ("Name a prime number.", "Seven is prime, and so is 11.")]
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": question},
+                                            {"role": "assistant", "content": answer}], tokenize=False)
+             for question, answer in turns]
+    batch = tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # [2, T]
+    K = 8  # the completion: each row's last 8 tokens
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -K - 1 : -1]  # [2, K, V]
+    log_probs = torch.log_softmax(logits, dim=-1)
+    reference = (log_probs.gather(-1, input_ids[:, -K:, None]).squeeze(-1), -(log_probs.exp() * log_probs).sum(-1))
+
+    dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": "What is 1 + 1?"}]] * 4})
+    for backend in ("trl", "liger"):
+        args = OR1Config(output_dir=str(tmp_path / backend), **CPU_RUN, per_device_train_batch_size=4,
+                         num_generations=4, max_completion_length=K, logprob_backend=backend)
+        trainer = OR1Trainer(smollm2_dir, lambda completions, **kw: [0.0] * len(completions), args=args,
+                             train_dataset=dataset)
+        assert trainer.logprob_backend == backend
+        with torch.no_grad():
+            logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
+                trainer.model, input_ids, attention_mask, K, compute_entropy=True)  # [2, K] each
+        torch.testing.assert_close(logps, reference[0], atol=2e-4, rtol=1e-4, msg=backend)
+        # The entropy sums 49,152 terms per token in another order (Liger: in chunks): measured here, at most 5e-4 nats
+        # apart (TRL's head 2e-5) on entropies up to 3.3.
+        torch.testing.assert_close(entropies, reference[1], atol=1e-3, rtol=0, msg=backend)
