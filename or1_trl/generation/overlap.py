@@ -203,7 +203,6 @@ def rollout_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME)]
 
 
-
 class PrefetchedClient:
     """The main process's vLLM client as TRL's `VLLMGeneration` calls it, answering a generation request that equals
     the rollout in flight (same prompts and sampling parameters) with that rollout; any other request (the first of a
@@ -346,7 +345,6 @@ class OverlappedRollouts:
         if self.prefetch is not None and self.prefetch.pending:
             self.prefetch.drain()
         self._lookahead = self._pending_request = None
-
 
 
 def background_client(client):
