@@ -36,12 +36,20 @@ the server through its environment, never its command line; clients (`OR1Config.
 directories given with `--sync-root` (default: `/dev/shm`, where the trainer's default `vllm_sync_dir` goes), passed
 in `$OR1_VLLM_SYNC_ROOTS` (`or1_vllm_worker.py`).
 
+**Seeded requests on CPU.** vLLM's CPU build cannot rewind the random generator of a seeded request whose prefill
+was split across engine steps (chunked prefill; `RuntimeError: CPU Generator does not use offset`), and the whole
+server dies. Seeded requests are what `or1-trl eval` and the sampling tools send (one seed per prompt), and a split
+happens as soon as the prompts of one step exceed vLLM's token budget (2,048 on CPU). So on a machine without CUDA
+the server starts with `--no-enable-chunked-prefill` (vLLM then raises its budget to the context length), unless the
+pass-through flags say otherwise (`cpu_defaults`).
+
 **It does not outlive `or1-trl serve`.** vLLM runs as its child with `PR_SET_PDEATHSIG` (`die_with_parent`): a
 `kill -9` of `or1-trl serve` sends vLLM a SIGTERM, and vLLM stops its engine and frees the port.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import ipaddress
 import json
@@ -178,6 +186,28 @@ def default_weight_sync(use_cpu: bool = False) -> str:
     return "nccl" if torch.cuda.is_available() and not use_cpu else "disk"
 
 
+def cpu_defaults(extra_args: list[str], cuda: bool | None = None) -> list[str]:
+    """The flags a CPU server gets before the pass-through ones: `--no-enable-chunked-prefill` (seeded requests,
+    module docstring) where there is no CUDA (`cuda`: default `torch.cuda.is_available()`) and no pass-through flag
+    names chunked prefill."""
+    import torch
+
+    if torch.cuda.is_available() if cuda is None else cuda:
+        return []
+    if any("chunked-prefill" in arg.replace("_", "-") for arg in extra_args):
+        return []
+    return ["--no-enable-chunked-prefill"]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for a server this process starts)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def build_command(
     model: str,
     weight_sync: str,
@@ -193,7 +223,8 @@ def build_command(
     """The command line and environment that serve `model` for a trainer syncing weights with `weight_sync`.
 
     Returns `(argv, env)`: `argv` starts with the interpreter, `env` is `os.environ` plus what the backend needs.
-    `extra_args` go to vLLM unchanged, last (so a user's `--max-logprobs` wins over ours). `api_key` (default:
+    `extra_args` go to vLLM unchanged, last (so a user's `--max-logprobs` wins over ours); before them, on a machine
+    without CUDA, `cpu_defaults`. `api_key` (default:
     `resolve_api_key()`) goes into `env` as `$OR1_VLLM_API_KEY` and adds the middleware that checks it on every
     route but `/health`. Without a key, a `host` other than a loopback address is a `ValueError`. `enable_lora`
     (disk sync only) adds `--enable-lora` (and `--max-lora-rank max_lora_rank`, default vLLM's 16) and sets
@@ -247,7 +278,7 @@ def build_command(
         argv += ["--enable-lora"] + (["--max-lora-rank", str(max_lora_rank)] if max_lora_rank is not None else [])
         argv += ["--middleware", LORA_GUARD_MIDDLEWARE]  # and only from under the sync roots
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
-    return argv + list(extra_args or []), env
+    return argv + cpu_defaults(list(extra_args or [])) + list(extra_args or []), env
 
 
 def wait_for_health(url: str, process: subprocess.Popen | None = None, timeout: float = 600.0) -> None:
@@ -293,6 +324,25 @@ def start_server(
         process.wait(timeout=30)
         raise
     return process, url
+
+
+@contextlib.contextmanager
+def running_server(model: str, weight_sync: str = "disk", log_path: str | None = None, **options):
+    """`start_server` as a context manager: yields the base URL, stops the server (SIGTERM, then SIGKILL after 60 s)
+    on exit. `log_path`: where its output goes (default: discarded). `options` as `start_server`'s; `port` defaults to
+    a free one."""
+    options.setdefault("port", free_port())
+    with open(log_path or os.devnull, "w") as log:
+        process, url = start_server(model, weight_sync, log_file=log, **options)
+        try:
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 def serve(command: list[str], env: dict[str, str], weight_sync: str, host: str = "127.0.0.1", port: int = 8000) -> None:

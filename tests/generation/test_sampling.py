@@ -173,6 +173,22 @@ def test_server_that_does_not_answer_is_a_clear_error():
         ServerBackend("http://127.0.0.1:9", max_concurrency=2).served_model()
 
 
+def test_seeded_requests_past_the_cpu_token_budget_leave_the_server_alive(vllm_server):
+    """Seeded prompts whose prefills exceed vLLM CPU's 2,048-token step budget: with chunked prefill, a seeded
+    request's split prefill kills the whole server (`CPU Generator does not use offset`); `or1-trl serve` starts a
+    CPU server without it (`serve.cpu_defaults`), so every prompt is answered, the same at any concurrency."""
+    import requests
+
+    prompts = {f"p{i}": f"Q: {i}+{' '.join(['plus'] * 120)}=? A:" for i in range(40)}  # ~125 tokens each
+    settings = SamplingSettings(n=2, max_tokens=2, seed=5)
+    records = sample(ServerBackend(vllm_server.url, max_concurrency=40), prompts, settings, progress=False)
+    assert requests.get(f"{vllm_server.url}/health", timeout=10).status_code == 200
+    assert sorted(records) == sorted(prompts) and all(len(r["completions"]) == 2 for r in records.values())
+    first = dict(list(prompts.items())[:3])
+    assert sample(ServerBackend(vllm_server.url, max_concurrency=1), first, settings, progress=False) == {
+        pid: records[pid] for pid in first}
+
+
 def test_server_backend_on_a_real_vllm_server(vllm_server, tmp_path):
     """The OpenAI-compatible path on vLLM: both endpoints, the server's chat template rendering equal to ours,
     token counts from `return_token_ids`, per-request seeds (the same samples at any concurrency), resume."""

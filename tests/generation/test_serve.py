@@ -44,6 +44,18 @@ def test_serve_passes_trls_flags_for_nccl_and_the_extension_for_disk():
         build_command("m", "shm")
 
 
+def test_a_cpu_server_starts_without_chunked_prefill_unless_the_flags_say_otherwise():
+    from or1_trl.generation.serve import cpu_defaults
+
+    assert cpu_defaults([], cuda=False) == ["--no-enable-chunked-prefill"]
+    assert cpu_defaults([], cuda=True) == []
+    for flags in (["--enable-chunked-prefill"], ["--enable_chunked_prefill=True"], ["--no-enable-chunked-prefill"]):
+        assert cpu_defaults(flags, cuda=False) == []  # the user's word
+    argv, _ = build_command("m", "disk", extra_args=["--dtype", "float32"])
+    if not torch.cuda.is_available():  # before the pass-through flags, which come last
+        assert argv[-3:] == ["--no-enable-chunked-prefill", "--dtype", "float32"]
+
+
 def test_serve_refuses_a_missing_model_before_starting_vllm(tmp_path):
     result = subprocess.run([sys.executable, "-m", "or1_trl.cli", "serve", str(tmp_path / "nope"), "--python", "/bin/false"],
                             capture_output=True, text=True, timeout=120)
