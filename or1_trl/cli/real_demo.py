@@ -59,12 +59,16 @@ def demo_stages(max_steps: int) -> list[dict] | None:
 
 def demo_config(output_dir: str, max_steps: int = DEFAULT_STEPS, seed: int = 0, server_url: str | None = None,
                 **overrides):
-    """The real-model demo's `OR1Config`: the MAGIC defaults, sized for a 135M model on a CPU (module docstring)."""
+    """The real-model demo's `OR1Config`: the MAGIC defaults, sized for a 135M model on a CPU (module docstring); on a
+    CUDA GPU when there is one."""
+    import torch
+
     from ..testing import CPU_RUN
     from ..trainer.or1_config import OR1Config
 
     settings = dict(
         CPU_RUN,
+        use_cpu=not torch.cuda.is_available(),
         output_dir=output_dir,
         seed=seed,
         bf16=True,
