@@ -102,9 +102,12 @@ def train_parser(prog: str | None = "or1-trl train"):
 
     return command_parser(
         (ScriptArguments, OR1Config, ModelConfig), prog,
-        "Train with the Skywork-OR1 (MAGIC) recipe: OR1Trainer = TRL's GRPOTrainer + the paper.",
+        "Train with the Skywork-OR1 (MAGIC) recipe: OR1Trainer = TRL's GRPOTrainer + the paper. The options come in "
+        "groups: the data and rewards, OR1's by paper section, then TRL's model (ModelConfig), GRPO and Trainer "
+        "settings as their docstrings group them. Every --flag_name is also --flag-name.",
         epilog="--config RECIPE.yaml sets any of these flags from a YAML file (flags given here win); see "
         "examples/recipes/. Run with `accelerate launch examples/train_or1.py ...` for several processes.",
+        usage="%(prog)s [-h] [--config RECIPE.yaml] [--model_name_or_path M --dataset_name D] [--FLAG VALUE ...]",
     )
 
 
