@@ -493,6 +493,7 @@ class OR1Config(GRPOConfig):
         self._apply_entropy_preset()
         self._apply_stages()
         self._default_bf16_off_without_cuda()
+        self._activation_checkpointing_from_trls_name()
         super().__post_init__()
         self._apply_weight_sync()
         self._apply_rollout_correction()
@@ -553,6 +554,16 @@ class OR1Config(GRPOConfig):
             return
         self.bf16 = False
         logger.warning("No CUDA GPU: OR1Config trains in 32-bit (bf16=False); set bf16 explicitly to choose.")
+
+    def _activation_checkpointing_from_trls_name(self):
+        """TRL's configs set `gradient_checkpointing` (default `True`), the name transformers 5 deprecates for
+        `activation_checkpointing`, so transformers warns at every config though nobody chose the old name. Where the
+        new names are unset, they take the old ones' values here — what transformers' own resolution does, without
+        its FutureWarning."""
+        for old, new in (("gradient_checkpointing", "activation_checkpointing"),
+                         ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+            if getattr(self, new, None) is None and getattr(self, old) is not None:
+                setattr(self, new, getattr(self, old))
 
     def _apply_weight_sync(self):
         if self.vllm_weight_sync is None:
