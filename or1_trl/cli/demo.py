@@ -36,7 +36,9 @@ def demo_parser(prog: str | None = "or1-trl demo"):
 
 def demo(argv: list[str] | None = None, prog: str | None = "or1-trl demo") -> None:
     """The offline demo: tiny model, SFT warm-up on the answer format, then MAGIC on small additions."""
+    from .console import quiet_deprecations
     from .demo_run import demo as run
 
     (args,) = parse_command(demo_parser(prog), argv)
-    run(**asdict(args))
+    with quiet_deprecations():  # transformers' `gradient_checkpointing` FutureWarnings, raised by TRL at every step
+        run(**asdict(args))

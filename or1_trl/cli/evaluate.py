@@ -74,10 +74,10 @@ class EvalArguments(BackendArguments):
         if len(set(self.names)) != len(self.names):
             raise ValueError(f"two benchmarks share a name ({self.names}); their sample files would collide")
         self.check_backend()
-        self.assumed = self._training_format_defaults()  # the templates, an unset max_tokens
-        self.settings = dataclasses.replace(self.settings, max_tokens=self.max_tokens)
         self.output_dir = self.output_dir or eval_output_dir(self.model)
         check_output_dir(self.output_dir)
+        self.assumed = self._training_format_defaults()  # the templates, an unset max_tokens
+        self.settings = dataclasses.replace(self.settings, max_tokens=self.max_tokens)
         for name in self.names:  # samples of earlier runs must have been taken with these settings
             samples = os.path.join(self.output_dir, f"{name}.jsonl")
             if os.path.exists(samples):
