@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from or1_trl.cli.console import TiedKeysExplained, closing_lines, interrupted_line, step_line
+from or1_trl.generation.serve import API_KEY_ENV
 from or1_trl.testing import save_tiny_model, tiny_model_and_tokenizer
 from ..helpers import ENV
 
@@ -162,3 +163,37 @@ def test_chat_prompts_wraps_string_prompts_as_a_user_turn_of_the_chat_template(r
     assert plain_prompts_problem(trainer.train_dataset, trainer.processing_class) is None
     (ids,), _, _ = trainer._tokenize_prompts([prompt])
     assert trainer.processing_class.decode(ids) == "<|im_start|>user\nQ: 0+1=? A:<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_or1_trls_decisions_show_at_the_default_log_level_and_follow_log_level(capsys, tmp_path):
+    """`console_output`: or1-trl's INFO lines (the sync directory, what is synced, the log-prob backend, the checkpoint
+    a resume took) on the main process by default, hidden with --log_level warning and on replicas; undone on exit."""
+    from or1_trl import OR1Config
+    from or1_trl.cli.console import console_output
+
+    sync = logging.getLogger("or1_trl.generation.vllm_generation")
+    before = logging.getLogger("or1_trl").level
+    for log_level, shown in (("passive", True), ("info", True), ("warning", False)):
+        args = OR1Config(output_dir=str(tmp_path), use_cpu=True, bf16=False, log_level=log_level)
+        with console_output(args):
+            sync.info("vllm_sync_dir: /dev/shm/x (tmpfs)")
+        assert ("vllm_sync_dir: /dev/shm/x (tmpfs)\n" in capsys.readouterr().err) is shown, log_level
+    assert logging.getLogger("or1_trl").level == before
+    sync.info("after the command: not shown")
+    assert "after the command" not in capsys.readouterr().err
+
+
+def test_the_weight_sync_decisions_show_at_the_default_log_level(vllm_server, run_files):
+    """Against a vLLM server: where the weights go and what is pushed, one line each, with no --log_level."""
+    result = subprocess.run(
+        [sys.executable, "-m", "or1_trl.cli", "train", "--model_name_or_path", vllm_server.model_path,
+         "--dataset_name", str(run_files / "train.jsonl"), "--reward_funcs", "interrupter.reward",
+         "--output_dir", str(run_files / "out"), "--use_cpu", "true", "--bf16", "false", "--use_vllm", "true",
+         "--vllm_mode", "server", "--vllm_server_base_url", vllm_server.url, "--vllm_weight_sync", "disk",
+         "--per_device_train_batch_size", "8", "--num_generations", "4", "--max_completion_length", "6",
+         "--max_steps", "1", "--save_strategy", "no", "--report_to", "none"],
+        cwd=run_files, capture_output=True, text=True, timeout=600, env={**ENV, API_KEY_ENV: vllm_server.api_key})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"^vllm_sync_dir: /dev/shm/\S+ \(tmpfs, private to this user, ", result.stderr, flags=re.M)
+    assert re.search(r"^vLLM disk weight sync: full weights \(not a PEFT model\), written in ", result.stderr,
+                     flags=re.M)
