@@ -147,8 +147,8 @@ def build_trainer(script_args, training_args, model_args):
 
 def train_and_save(trainer, dataset_name: str | None = None) -> None:
     """Train (resuming from `args.resume_from_checkpoint`) with one line per step (`console.show_steps`), save the
-    model to `args.output_dir`, push it to the Hub when `args.push_to_hub`, then say where everything is and what to
-    run next (`console.closing_lines`, main process). A full disk while saving a checkpoint or the model:
+    model and its card to `args.output_dir`, push it to the Hub when `args.push_to_hub`, then say where everything is
+    and what to run next (`console.closing_lines`, main process). A full disk while saving a checkpoint or the model:
     `checkpoint.DiskFullError`, one line."""
     from ..trainer.checkpoint import checkpoints, required_files, saving_final, verify
     from .console import closing_lines, show_steps
@@ -158,6 +158,10 @@ def train_and_save(trainer, dataset_name: str | None = None) -> None:
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     with saving_final(args.output_dir):  # a full disk: one line (`checkpoint.DiskFullError`)
         trainer.save_model(args.output_dir)
+        # The card beside the model, as TRL writes it at each checkpoint (a run without checkpoints gets one too):
+        # `or1-trl eval --model OUTPUT_DIR` reads its completion length and writes its results into it.
+        trainer.create_model_card(model_name=(args.hub_model_id or os.path.basename(os.path.normpath(args.output_dir)))
+                                  .split("/")[-1], dataset_name=dataset_name)
     pushed = trainer.push_to_hub(dataset_name=dataset_name) if args.push_to_hub else None
     if trainer.is_world_process_zero():
         runtime = next((e["train_runtime"] for e in reversed(trainer.state.log_history) if "train_runtime" in e), None)

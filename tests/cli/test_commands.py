@@ -316,6 +316,10 @@ def test_code_reward_trains_on_a_tests_column_without_answer_column(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert (out / "model.safetensors").exists()
+    # No checkpoint (save_strategy "no"), yet the card is there: `or1-trl eval --model out` reads its completion length.
+    from or1_trl.eval.model_card import trained_completion_length
+
+    assert trained_completion_length(str(out)) == 8  # examples/recipes/tiny_cpu.yaml
 
 
 def free_port():
