@@ -235,7 +235,8 @@ CONTRACT: list[Use] = [
     Use(CALLBACK, "on_log", METHOD, CALLBACK_PARAMS, "console.StepPrinter, demo.SFTProgress (read logs=)"),
     Use(CALLBACK, "on_pre_optimizer_step", METHOD, CALLBACK_PARAMS, "observability.StepTimerCallback"),
     Use(CALLBACK, "on_optimizer_step", METHOD, CALLBACK_PARAMS, "observability.StepTimerCallback"),
-    Use(CALLBACK, "on_train_begin", METHOD, CALLBACK_PARAMS, "demo.StepPrinter"),
+    Use(CALLBACK, "on_train_begin", METHOD, CALLBACK_PARAMS,
+        "observability.StepTimerCallback; observability.PromptFormatCheck (reads processing_class=, train_dataloader=)"),
 ]
 
 
