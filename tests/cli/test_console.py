@@ -197,3 +197,29 @@ def test_the_weight_sync_decisions_show_at_the_default_log_level(vllm_server, ru
     assert re.search(r"^vllm_sync_dir: /dev/shm/\S+ \(tmpfs, private to this user, ", result.stderr, flags=re.M)
     assert re.search(r"^vLLM disk weight sync: full weights \(not a PEFT model\), written in ", result.stderr,
                      flags=re.M)
+
+
+def test_the_printer_prints_steps_and_evaluations_on_the_main_process_only(capsys):
+    from transformers import TrainerState
+
+    from or1_trl.cli.console import StepPrinter
+
+    printer, state = StepPrinter(), TrainerState(global_step=3, max_steps=5)
+    printer.on_log(None, state, None, logs=dict(LOGS))
+    printer.on_log(None, state, None, logs={"eval_reward": 0.5, "eval_avg@4": 0.25, "eval_loss": 0.0})
+    printer.on_log(None, state, None, logs={"train_runtime": 9.0})  # the end-of-training summary: the closing lines
+    assert capsys.readouterr().out.splitlines() == [step_line(LOGS, 3, 5, 0.0),
+                                                    "eval at step 3 | reward 0.500 | avg@4 0.250"]
+    state.is_world_process_zero = False
+    printer.on_log(None, state, None, logs=dict(LOGS))
+    assert capsys.readouterr().out == "" and printer.rewards == [0.25, 0.25]
+
+
+def test_ctrl_c_before_training_is_one_line_too(capsys):
+    from or1_trl.cli import train_parser
+    from or1_trl.cli.console import stop_on_interrupt
+
+    with pytest.raises(SystemExit) as exited, stop_on_interrupt(train_parser()):
+        raise KeyboardInterrupt
+    assert exited.value.code == 130
+    assert capsys.readouterr().err == "or1-trl train: interrupted before training started.\n"
