@@ -27,7 +27,7 @@ import warnings
 
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
-#: transformers 5 deprecates `gradient_checkpointing*` for `activation_checkpointing*`; TRL 1.16 still uses the old names.
+#: transformers 5 deprecates `gradient_checkpointing*` for `activation_checkpointing*`; TRL 1.16 uses the old names.
 GRADIENT_CHECKPOINTING_DEPRECATION = r"`(is_)?gradient_checkpointing(_enable|_disable|_kwargs)?` is deprecated"
 
 
@@ -46,7 +46,8 @@ def step_line(logs: dict, step: int, max_steps: int, skipped_before: float | Non
     entropy = "-" if kept == 0 else _number(logs, "entropy", 3)
     parts = [f"step {step:3d}/{max_steps}", f"reward {_number(logs, 'reward', 3)}",
              f"accuracy {_number(logs, 'accuracy/all', 2)}", f"entropy {entropy}",
-             f"entropy_coef {_number(logs, 'entropy_coef', 4)}", f"kept_groups {_number(logs, 'rejection/kept_group_frac', 2)}"]
+             f"entropy_coef {_number(logs, 'entropy_coef', 4)}",
+             f"kept_groups {_number(logs, 'rejection/kept_group_frac', 2)}"]
     skipped = logs.get("skipped_steps")
     if skipped is not None and skipped_before is not None and skipped > skipped_before:
         parts[-1] += " (skipped: no trainable token)"
@@ -121,7 +122,8 @@ def interrupted_line(output_dir: str, step: int, max_steps: int, complete: str |
     if complete is None:
         return (f"{where}, before its first complete checkpoint: nothing to resume; run the command again with "
                 "--overwrite_output_dir true to start over in " + output_dir + ".")
-    skipped = f" ({', '.join(os.path.basename(c) for c in incomplete)} is incomplete: resuming skips it)" if incomplete else ""
+    names = ", ".join(os.path.basename(c) for c in incomplete)
+    skipped = f" ({names} is incomplete: resuming skips it)" if incomplete else ""
     return (f"{where}: {os.path.basename(complete)} is complete{skipped}; continue with the same command and "
             "--resume_from_checkpoint true.")
 

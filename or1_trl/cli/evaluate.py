@@ -63,7 +63,8 @@ class EvalArguments(BackendArguments):
         temperature, top_p = EVAL_PRESETS[self.preset]
         self.settings = SamplingSettings(
             n=self.n, temperature=temperature if self.temperature is None else self.temperature,
-            top_p=top_p if self.top_p is None else self.top_p, max_tokens=self.max_tokens or DEFAULT_MAX_TOKENS, seed=self.seed)
+            top_p=top_p if self.top_p is None else self.top_p, max_tokens=self.max_tokens or DEFAULT_MAX_TOKENS,
+            seed=self.seed)
         check_ks(self.k or default_ks(self.n), self.n)
         for spec in self.benchmarks:
             check_benchmark_spec(spec)
@@ -92,9 +93,10 @@ class EvalArguments(BackendArguments):
         from ..eval.evaluation import TRAINING_TEMPLATE, is_training_format
         from ..eval.model_card import trained_completion_length
 
-        training = [name for spec, name in zip(self.benchmarks, self.names) if is_training_format(spec, self.problem_column)]
-        self.templates = {name: self.prompt_template or (TRAINING_TEMPLATE if name in training else DEFAULT_PROMPT_TEMPLATE)
-                          for name in self.names}
+        training = [name for spec, name in zip(self.benchmarks, self.names)
+                    if is_training_format(spec, self.problem_column)]
+        self.templates = {name: self.prompt_template or (TRAINING_TEMPLATE if name in training
+                                                         else DEFAULT_PROMPT_TEMPLATE) for name in self.names}
         lines = []
         for name in training:
             turn = ("plain text (--no_chat_template), as or1-trl train sends a string prompt by default" if

@@ -382,8 +382,9 @@ def eval_scorer(reward_func, problems: Mapping[str, Problem]):
 
 
 def evaluate(backend, benchmarks: Mapping[str, Sequence[Problem]], settings, output_dir: str, model_name: str,
-             ks: Sequence[int] | None = None, reward_func=None, template: str | Mapping[str, str] = DEFAULT_PROMPT_TEMPLATE,
-             chat: bool = True, resamples: int = 10_000, confidence: float = 0.95, progress: bool = True) -> dict:
+             ks: Sequence[int] | None = None, reward_func=None,
+             template: str | Mapping[str, str] = DEFAULT_PROMPT_TEMPLATE, chat: bool = True, resamples: int = 10_000,
+             confidence: float = 0.95, progress: bool = True) -> dict:
     """Sample, score and summarize every benchmark; writes `<name>.jsonl`, `eval_summary.json` and `.md` to `output_dir`.
 
     `template`: the user turn of every benchmark, or `{benchmark name: its template}`. Problems already in

@@ -107,7 +107,7 @@ def train(files, *extra, interrupt=False):
         cwd=files, capture_output=True, text=True, timeout=600, env=env)
 
 
-def test_a_run_prints_a_line_per_step_and_where_everything_is_a_ctrl_c_one_line_and_a_resume_says_what_it_took(run_files):
+def test_a_run_prints_a_line_per_step_ctrl_c_one_line_and_a_resume_what_it_took(run_files):
     out = run_files / "out"
     # Ctrl-C at step 3 (checkpoint-2 is complete): one line, exit status 130, no traceback.
     stopped = train(run_files, interrupt=True)

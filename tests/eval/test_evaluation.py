@@ -186,7 +186,8 @@ def test_a_training_format_file_is_evaluated_as_it_is_and_the_command_says_what_
     args = OR1Config(output_dir=str(tmp_path / "x"), use_cpu=True, bf16=False, max_completion_length=6)
     (run / "README.md").write_text(insert_section("# card\n", or1_section(args, TrainerState(), None, None, None, None)))
     train = tmp_path / "train.jsonl"
-    train.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in zip(DATA["prompt"], DATA["answer"])))
+    rows = zip(DATA["prompt"], DATA["answer"])
+    train.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in rows))
 
     (parsed,) = parse_command(eval_parser(), ["--model", str(run), "--benchmarks", str(train)])
     assert parsed.templates == {"train": "{problem}"} and parsed.settings.max_tokens == 6
@@ -200,7 +201,8 @@ def test_a_training_format_file_is_evaluated_as_it_is_and_the_command_says_what_
     assert printed[0].startswith("train: the training format (a 'prompt' column, no 'problem'): each prompt is sent as "
                                  "it is, no instruction added (--prompt_template to add one); a string prompt as a user "
                                  "turn through the chat template")
-    assert printed[1] == f"max_tokens: 6, the completion length {run} was trained with (its model card); --max_tokens to change."
+    assert printed[1] == (f"max_tokens: 6, the completion length {run} was trained with (its model card); "
+                          "--max_tokens to change.")
     records = [json.loads(line) for line in open(run / "eval" / "train.jsonl")]
     assert [r["problem"] for r in records] == DATA["prompt"] and [r["answer"] for r in records] == DATA["answer"]
     assert all(r["sampling"]["max_tokens"] == 6 for r in records)
