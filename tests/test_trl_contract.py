@@ -232,10 +232,11 @@ CONTRACT: list[Use] = [
     # --- callbacks (trainer.py, observability.py, demo.py) ------------------------------------------------------
     Use(CALLBACK, "on_step_end", METHOD, CALLBACK_PARAMS, "trainer._StageEnd, observability.StepTimerCallback"),
     Use(CALLBACK, "on_train_end", METHOD, CALLBACK_PARAMS, "observability.SaveFinalState, trainer (stages)"),
-    Use(CALLBACK, "on_log", METHOD, CALLBACK_PARAMS, "demo.StepPrinter, demo.SFTProgress (read logs=)"),
+    Use(CALLBACK, "on_log", METHOD, CALLBACK_PARAMS, "console.StepPrinter, demo.SFTProgress (read logs=)"),
     Use(CALLBACK, "on_pre_optimizer_step", METHOD, CALLBACK_PARAMS, "observability.StepTimerCallback"),
     Use(CALLBACK, "on_optimizer_step", METHOD, CALLBACK_PARAMS, "observability.StepTimerCallback"),
-    Use(CALLBACK, "on_train_begin", METHOD, CALLBACK_PARAMS, "demo.StepPrinter"),
+    Use(CALLBACK, "on_train_begin", METHOD, CALLBACK_PARAMS,
+        "observability.StepTimerCallback; observability.PromptFormatCheck (reads processing_class=, train_dataloader=)"),
 ]
 
 

@@ -196,6 +196,8 @@ def resolve_resume(output_dir: str, resume_from_checkpoint: str | bool | None, r
             )
         if skipped:
             logger.warning(f"Resuming from {found}, the newest complete checkpoint.")
+        else:
+            logger.info(f"Resuming from {found} (step {_step(found)}), the newest complete checkpoint.")
         return found
     if resume_from_checkpoint:
         if not os.path.exists(resume_from_checkpoint):
@@ -207,8 +209,17 @@ def resolve_resume(output_dir: str, resume_from_checkpoint: str | bool | None, r
                 "silently reset state. Resume from an earlier checkpoint, or pass resume_from_checkpoint=True to take "
                 "the newest complete one."
             )
+        logger.info(f"Resuming from {resume_from_checkpoint} (step {_step(resume_from_checkpoint)}).")
         return resume_from_checkpoint
     return None
+
+
+def _step(folder: str) -> int | str:
+    """The step a complete checkpoint `folder` holds (its `trainer_state.json`), "?" if unreadable."""
+    try:
+        return read_state(folder, TRAINER_STATE_NAME)["global_step"]
+    except (OSError, ValueError, KeyError):
+        return "?"
 
 
 # ---------------------------------------------------------------------------------------------------------------

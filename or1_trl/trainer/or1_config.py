@@ -125,6 +125,17 @@ class OR1Config(GRPOConfig):
 
         > Parameters that control the adaptive entropy (eq. 3.2)
 
+        use_adaptive_entropy (`bool`, *optional*, defaults to `True`):
+            TRL's adaptive entropy control, on (TRL's default: off): eq. 3.2 raises the coefficient c while the
+            entropy is below `entropy_target` and lowers it above.
+        entropy_target (`float` or `None`, *optional*, defaults to `None`):
+            tgt, in nats, over all kept response tokens. `None`: from `entropy_preset`.
+        entropy_coef_delta (`float` or `None`, *optional*, defaults to `None`):
+            Δ, the step of c. `None`: from `entropy_preset`.
+        entropy_coef_min (`float` or `None`, *optional*, defaults to `None`):
+            c_min. `None`: from `entropy_preset`.
+        entropy_coef_max (`float` or `None`, *optional*, defaults to `None`):
+            c_max. `None`: from `entropy_preset`.
         entropy_preset (`str`, *optional*, defaults to `"paper"`):
             Fills `entropy_target`, `entropy_coef_delta`, `entropy_coef_min` and `entropy_coef_max` where they are
             left unset: `"paper"` (tgt 0.2, Δ 0.005, c ∈ [0, 1]; equal to TRL's defaults) or `"released"` (the
@@ -252,8 +263,14 @@ class OR1Config(GRPOConfig):
             by this budget, not by the micro-batch's rows × length (one more forward of those tokens). `None`: one
             forward per micro-batch. A stage may set its own (`stages[i].max_tokens_per_microbatch`).
 
-        > Parameters that control the checks on prompts, rewards and the output directory
+        > Parameters that control the output directory, resuming, and the checks on prompts and rewards
 
+        output_dir (`str`, *optional*, defaults to `"trainer_output"`):
+            Where the checkpoints (`checkpoint-N`), the per-prompt statistics (`prompt_stats.jsonl`) and the final
+            model go; it must exist or be creatable, and be writable (checked before anything loads).
+        resume_from_checkpoint (`str` or `None`, *optional*, defaults to `None`):
+            `or1-trl train --resume_from_checkpoint true` continues the run in `output_dir` from its newest complete
+            checkpoint (a folder: from that one, which must be complete; `or1_trl/trainer/checkpoint.py`).
         max_prompt_length (`int` or `None`, *optional*, defaults to `None`):
             TRL 1.16 generates from whole prompts. `None`: a prompt longer than the context leaves after
             `max_completion_length` (the model's `max_position_embeddings`, or `vllm_max_model_length`) is an error
@@ -446,7 +463,7 @@ class OR1Config(GRPOConfig):
                   "forwards but the last are checkpointed, so this bounds the activation memory. None: one forward."},
     )
 
-    # Parameters that control the checks on prompts, rewards and the output directory
+    # Parameters that control the output directory, resuming, and the checks on prompts and rewards
     max_prompt_length: int | None = field(
         default=None,
         metadata={
@@ -476,6 +493,7 @@ class OR1Config(GRPOConfig):
         self._apply_entropy_preset()
         self._apply_stages()
         self._default_bf16_off_without_cuda()
+        self._activation_checkpointing_from_trls_name()
         super().__post_init__()
         self._apply_weight_sync()
         self._apply_rollout_correction()
@@ -536,6 +554,16 @@ class OR1Config(GRPOConfig):
             return
         self.bf16 = False
         logger.warning("No CUDA GPU: OR1Config trains in 32-bit (bf16=False); set bf16 explicitly to choose.")
+
+    def _activation_checkpointing_from_trls_name(self):
+        """TRL's configs set `gradient_checkpointing` (default `True`), the name transformers 5 deprecates for
+        `activation_checkpointing`, so transformers warns at every config though nobody chose the old name. Where the
+        new names are unset, they take the old ones' values here — what transformers' own resolution does, without
+        its FutureWarning."""
+        for old, new in (("gradient_checkpointing", "activation_checkpointing"),
+                         ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+            if getattr(self, new, None) is None and getattr(self, old) is not None:
+                setattr(self, new, getattr(self, old))
 
     def _apply_weight_sync(self):
         if self.vllm_weight_sync is None:

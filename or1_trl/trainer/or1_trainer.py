@@ -369,7 +369,7 @@ class OR1Trainer(GRPOTrainer):
             model.zero_grad(set_to_none=True)
             self.or1_skipped_steps += 1
         if self.accelerator.sync_gradients and self._or1_loss_enabled:
-            self._metrics["train"]["skipped_steps"].append(float(self.or1_skipped_steps))
+            self._metrics["train"]["skipped_steps"] = [float(self.or1_skipped_steps)]  # a count: never averaged
             self._metrics["train"]["entropy/target"].append(self.entropy_controller.target)
             self._warn(*self._watch.end_step(self.entropy_controller.coef, self._sum_over_ranks, rollout))
         return loss

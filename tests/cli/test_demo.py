@@ -1,11 +1,12 @@
-"""The README's main job: `accelerate launch examples/train_or1.py` with no arguments (offline demo)."""
+"""The README's main job: the offline demo (`or1-trl demo`, or `accelerate launch examples/train_or1.py` with no
+arguments), and the README's first screen that gets a newcomer there."""
 
 import os
 import re
 import subprocess
 import sys
 
-from ..helpers import ROOT
+from ..helpers import ENV, ROOT
 
 
 
@@ -90,3 +91,28 @@ def test_the_real_model_demo_end_to_end(tmp_path, capsys):
                     assert correct == (int(text) == int(record["answer"])), (text, record["answer"])
     assert json.load(open(out / "trainer_state.json"))["global_step"] == 2
     assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 30
+
+
+def test_the_first_screen_installs_the_cpu_build_before_the_rest_and_runs_the_demo_without_accelerates_warning():
+    """A user copies the first block: PyTorch's CPU build comes before the install that would pull the CUDA one, and
+    the demo runs as `or1-trl demo` (`accelerate launch` without a config prints six lines of defaults first)."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        block = f.read().split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
+    cpu = next(i for i, c in enumerate(commands) if "download.pytorch.org/whl/cpu" in c)
+    install = next(i for i, c in enumerate(commands) if 'pip install -e ".[dev]"' in c)
+    assert cpu < install and "or1-trl demo" in commands[install]
+    assert not any("accelerate launch" in c for c in commands)
+
+
+def test_the_demo_first_screen_holds_no_noise(tmp_path):
+    """A first demo run: no "Starting over" (nothing to replace), no FutureWarning about gradient checkpointing (TRL's
+    calls of transformers' deprecated names), no string-prompt warning (the demo's tiny model reads raw text)."""
+    result = subprocess.run([sys.executable, "-m", "or1_trl.cli", "demo", "--output_dir", str(tmp_path / "demo"),
+                             "--max_steps", "2", "--sft_steps", "2"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=600, env=ENV)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "Starting over" not in result.stdout
+    for noise in ("FutureWarning", "gradient_checkpointing", "The prompts are plain strings", "Traceback"):
+        assert noise not in result.stderr, noise
+    assert [line[:10] for line in result.stdout.splitlines() if line.startswith("step ")] == ["step   1/2", "step   2/2"]
