@@ -26,6 +26,9 @@
   `SHARDED_STATE_DICT` folders, the per-rank RNG states) are files the verified marker must list
   (`trainer/checkpoint.py`), so a checkpoint missing one rank's shard is never resumed from.
 
+- **Memory per GPU** (`training_state_gb`, `gathered_gb`): what each backend keeps on each GPU for a model of a given
+  size, computed (`benchmarks/sharded_memory.py` writes the README's table of the recipes).
+
 Packing under ZeRO-3 and FSDP (every forward gathers parameters) is `packing.same_forward_count`.
 """
 
@@ -178,3 +181,36 @@ def checkpoint_layout(accelerator) -> list[str]:
             for folder in ("pytorch_model_fsdp_0", "optimizer_0"):
                 files += [f"{folder}/.metadata", *(f"{folder}/__{rank}_*.distcp" for rank in ranks)]
     return files
+
+
+#: Bytes of training state per parameter on each of `n` GPUs, bf16 compute with fp32 AdamW, as the ZeRO paper counts
+#: them (Rajbhandari et al. 2020, §3.1): bf16 weights 2 and gradients 2, fp32 master weights and Adam's two moments
+#: 12 (K = 12). DDP keeps all of it on every GPU; ZeRO-2 shards the gradients and the 12; ZeRO-3 everything. FSDP2 under
+#: accelerate's bf16 keeps the parameters, gradients and moments in fp32, sharded (4 + 4 + 8), and casts a unit to bf16
+#: while it computes (`gathered_gb`).
+STATE_BYTES = {
+    "ddp": lambda n: 2 + 2 + 12,
+    "zero2": lambda n: 2 + (2 + 12) / n,
+    "zero3": lambda n: (2 + 2 + 12) / n,
+    "fsdp2": lambda n: (4 + 4 + 8) / n,
+}
+ZERO3_MAX_LIVE_PARAMETERS = 10**9  # DeepSpeed's default stage3_max_live_parameters
+
+
+def training_state_gb(num_params: int, backend: str, gpus: int) -> float:
+    """GB (1e9 bytes) of weights, gradients and AdamW states each GPU holds, training `num_params` parameters on
+    `gpus` GPUs with `backend` (`STATE_BYTES`); activations, the gathered parameters (`gathered_gb`) and the vLLM
+    engine (on its own GPUs in server mode) come on top."""
+    return num_params * STATE_BYTES[backend](gpus) / 1e9
+
+
+def gathered_gb(backend: str, embeddings: int, layer: int) -> float:
+    """GB of bf16 parameters a sharding backend holds whole while it computes, besides `training_state_gb`:
+    FSDP2 (`TRANSFORMER_BASED_WRAP`) the root unit — `embeddings`, the input embedding and LM head, which the root
+    keeps unsharded from its forward to its backward — and two decoder layers of `layer` parameters (the one computing,
+    the one prefetched); ZeRO-3 at most `stage3_max_live_parameters`; DDP and ZeRO-2 none (their weights are whole)."""
+    if backend == "fsdp2":
+        return 2 * (embeddings + 2 * layer) / 1e9
+    if backend == "zero3":
+        return 2 * min(ZERO3_MAX_LIVE_PARAMETERS, embeddings + 2 * layer) / 1e9
+    return 0.0
