@@ -26,6 +26,7 @@ import torch
 from accelerate.utils import DistributedType
 
 from or1_trl.trainer import checkpoint
+from or1_trl.trainer.logprobs import liger_available
 from or1_trl.trainer.sharding import (
     check_before_loading, checkpoint_layout, downgrade, requested_backend, UpdateSkip,
 )
@@ -50,31 +51,78 @@ GPU_LAUNCHES = {
 }
 LAUNCHES = GPU_LAUNCHES if DEVICE == "cuda" else CPU_LAUNCHES
 SHARDED = ("zero2", "zero3", "fsdp2")
-# backend -> (accelerate's distributed type, the trainer's wrapped model); DDP of one process is a plain process
-EXPECTED = {"ddp": ("MULTI_GPU" if DEVICE == "cuda" else "MULTI_CPU", "DistributedDataParallel"),
-            "zero2": ("DEEPSPEED", "DeepSpeedEngine"), "zero3": ("DEEPSPEED", "DeepSpeedEngine"),
-            "fsdp2": ("FSDP", "FSDPQwen2ForCausalLM")}
+# backend -> what the trainer may get: (accelerate's distributed type, the trainer's wrapped model); DDP of one process
+# (torchrun of one) may or may not wrap the model
+EXPECTED = {"ddp": {("MULTI_GPU" if DEVICE == "cuda" else "MULTI_CPU", "DistributedDataParallel")},
+            "zero2": {("DEEPSPEED", "DeepSpeedEngine")}, "zero3": {("DEEPSPEED", "DeepSpeedEngine")},
+            "fsdp2": {("FSDP", "FSDPQwen2ForCausalLM")}}
 if PROCESSES == 1:
-    EXPECTED["ddp"] = ("NO", "Qwen2ForCausalLM")
+    EXPECTED["ddp"] |= {("MULTI_GPU", "Qwen2ForCausalLM"), ("NO", "Qwen2ForCausalLM")}
 
 
-def sharded_run(backend: str, output_dir, **options) -> dict:
-    """`sharded_run.py` launched with `backend`'s config; its `result.json`."""
+def launch(backend: str, output_dir, wait=True, **options):
+    """`sharded_run.py` launched with `backend`'s config (its `CompletedProcess`, or its `Popen` with `wait=False`)."""
     config, launch_options = LAUNCHES[backend]
     options = {"features": "all", "device": DEVICE, **options,
                "force_fsdp2": backend == "fsdp2" and DEVICE == "cpu"}
-    result = accelerate_launch(config, SCRIPT, output_dir, json.dumps(options), options=launch_options)
+    return accelerate_launch(config, SCRIPT, output_dir, json.dumps(options), options=launch_options, wait=wait)
+
+
+def sharded_run(backend: str, output_dir, **options) -> dict:
+    """`launch`, then its `result.json`."""
+    result = launch(backend, output_dir, **options)
     assert result.returncode == 0, result.stderr[-6000:]
     return json.loads((output_dir / "result.json").read_text())
 
 
-def one_process_run(output_dir, **options) -> dict:
-    """The reference: the same global batch in one plain process."""
-    options = {"features": "all", "device": DEVICE, **options}
-    result = subprocess.run([sys.executable, os.path.join(ROOT, SCRIPT), str(output_dir), json.dumps(options)],
-                            capture_output=True, text=True, timeout=600, cwd=ROOT, env={**ENV, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stderr[-6000:]
-    return json.loads((output_dir / "result.json").read_text())
+def one_process(output_dir, wait=True, **options):
+    """The reference: the same global batch in one plain process (`CompletedProcess`, or `Popen` with `wait=False`)."""
+    command = [sys.executable, os.path.join(ROOT, SCRIPT), str(output_dir),
+               json.dumps({"features": "all", "device": DEVICE, **options})]
+    settings = dict(text=True, cwd=ROOT, env={**ENV, "OMP_NUM_THREADS": "1"})
+    if not wait:
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **settings)
+    return subprocess.run(command, capture_output=True, timeout=600, **settings)
+
+
+class Runs:
+    """`runs(key)`: `(folder, result.json, states)` of a run made once for the module; `key` is a backend (its
+    all-features launch) or `"one process <features>"`. On CPUs a run starts when first asked (2 cores); on GPUs the
+    first call starts the all-features run of every backend and the reference at once (tiny models sharing the GPU:
+    the matrix fits the few minutes a lent GPU gives)."""
+
+    def __init__(self, factory):
+        self.factory, self.done = factory, {}
+
+    def start(self, key: str):
+        folder = self.factory.mktemp(key.replace(" ", "_"))
+        if key.startswith("one process "):
+            return folder, one_process(folder, wait=False, features=key.split()[-1])
+        return folder, launch(key, folder, wait=False)
+
+    def __call__(self, key: str):
+        if key not in self.done:
+            keys = [key] + ([k for k in [*LAUNCHES, "one process all"] if k not in self.done and k != key]
+                            if DEVICE == "cuda" else [])
+            started = {k: self.start(k) for k in keys}
+            for k, (folder, process) in started.items():
+                _, stderr = process.communicate(timeout=900)
+                assert process.returncode == 0, f"{k}: {stderr[-6000:]}"
+                self.done[k] = (folder, json.loads((folder / "result.json").read_text()), states(folder))
+        return self.done[key]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return Runs(tmp_path_factory)
+
+
+def record(backend: str, **figures) -> None:
+    """One line of the GPU matrix's summary (`$OR1_MATRIX_SUMMARY`, set by scripts/gpu_matrix.sh)."""
+    path = os.environ.get("OR1_MATRIX_SUMMARY")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"backend": backend, "device": DEVICE, "processes": PROCESSES, **figures}) + "\n")
 
 
 def states(output_dir) -> dict[int, dict]:
@@ -109,45 +157,24 @@ def assert_step_3_skipped(run: dict[int, dict]):
     assert run[4]["adam_steps"] == [s + 1 for s in after["adam_steps"]]  # the next step updates again
 
 
-@pytest.fixture(scope="module")
-def references(tmp_path_factory):
-    """One-process runs of the feature sets, shared by the module (a few seconds each)."""
-    runs = {}
-    for features in ("all", "lora"):
-        folder = tmp_path_factory.mktemp(f"one_process_{features}")
-        result = one_process_run(folder, features=features)
-        runs[features] = (result, states(folder))
-    return runs
-
-
-@pytest.fixture(scope="module")
-def all_features_runs(tmp_path_factory):
-    """`backend -> output folder` of the all-features launch, each made once for the module."""
-    made = {}
-
-    def run(backend):
-        if backend not in made:
-            folder = tmp_path_factory.mktemp(f"{backend}_all")
-            made[backend] = (folder, sharded_run(backend, folder))
-        return made[backend]
-
-    return run
-
-
 @pytest.mark.parametrize("backend", list(LAUNCHES))
-def test_every_feature_trains_as_one_process_does(backend, references, all_features_runs):
+def test_every_feature_trains_as_one_process_does(backend, runs):
     """Rejection with compaction and refill, an all-rejected step skipped, the entropy controller (α on from step 2),
     packing, two stages (4-token then 6-token completions; 1 then 2 micro-steps per optimizer step: DeepSpeed's engine
     rebuilt for the second), a verified checkpoint each step; the parameters are really sharded."""
-    folder, result = all_features_runs(backend)
-    reference, reference_states = references["all"]
-    assert (result["distributed_type"], result["model_class"]) == EXPECTED[backend]
+    folder, result, run = runs(backend)
+    _, reference, reference_states = runs("one process all")
+    record(backend, distributed_type=result["distributed_type"], model_class=result["model_class"],
+           params_vs_one_process=largest_difference(run[4]["params"], reference_states[4]["params"]),
+           skipped_step_moved=largest_difference(run[3]["params"], run[2]["params"]),
+           adam_steps=[run[step]["adam_steps"] for step in sorted(run)], local_fraction=result["local_fraction"])
+    assert (result["distributed_type"], result["model_class"]) in EXPECTED[backend]
     if backend in ("zero3", "fsdp2") and PROCESSES > 1:  # parameters partitioned: each rank holds about half
         assert 0.45 < result["local_fraction"] < 0.55
     assert result["skipped_steps"] == reference["skipped_steps"] == 1
-    # the Liger head where it runs (CPU, "auto"), TRL's under ZeRO-3 (its refusal: test_what_deepspeed_cannot_run...)
-    assert result["logprob_backend"] == ("trl" if backend == "zero3" or DEVICE == "cuda" else "liger")
-    run = states(folder)
+    # "auto": the Liger head where it runs (CPU, installed), TRL's under ZeRO-3 (test_what_deepspeed_cannot_run...)
+    liger = DEVICE == "cpu" and liger_available() and backend != "zero3"
+    assert result["logprob_backend"] == ("liger" if liger else "trl")
     assert_step_3_skipped(run)
     assert_step_3_skipped(reference_states)
     assert_same_training(run, reference_states)
@@ -160,18 +187,18 @@ def test_every_feature_trains_as_one_process_does(backend, references, all_featu
 
 
 @pytest.mark.parametrize("backend", SHARDED)
-def test_a_killed_run_resumes_exactly_from_its_last_complete_checkpoint(backend, all_features_runs, tmp_path):
+def test_a_killed_run_resumes_exactly_from_its_last_complete_checkpoint(backend, runs, tmp_path):
     """The all-features run as if killed while saving checkpoint-4 (its shards written, its marker not): a new
     launch skips checkpoint-4, resumes from checkpoint-3 (stage 1, after the skipped step) and ends bit for bit where
     the uninterrupted run did. A checkpoint missing one rank's shard is refused by name."""
-    folder, _ = all_features_runs(backend)
+    folder, _, run = runs(backend)
     killed = tmp_path / "run"
     shutil.copytree(folder, killed)
     os.remove(killed / "checkpoint-4" / checkpoint.MARKER_FILE)
     for name in ("state_step4.pt", "result.json"):
         os.remove(killed / name)
     result = sharded_run(backend, killed, resume=True)
-    resumed, uninterrupted = states(killed)[4], states(folder)[4]
+    resumed, uninterrupted = states(killed)[4], run[4]
     for key in ("params", "exp_avg", "exp_avg_sq"):
         assert largest_difference(resumed[key], uninterrupted[key]) == 0.0, key
     assert (resumed["adam_steps"], resumed["lr"], resumed["engine"]) == (
@@ -208,10 +235,10 @@ def test_the_checkpoint_layout_names_every_ranks_shards():
 
 
 @pytest.mark.parametrize("backend", SHARDED)
-def test_lora_trains_as_one_process_does(backend, references, tmp_path):
+def test_lora_trains_as_one_process_does(backend, runs, tmp_path):
     """A LoRA adapter (base weights frozen) with rejection and refill, the controller, 80/20 and the skipped step."""
     result = sharded_run(backend, tmp_path, features="lora")
-    reference, reference_states = references["lora"]
+    _, reference, reference_states = runs("one process lora")
     run = states(tmp_path)
     assert set(run[1]["params"]) == set(reference_states[1]["params"]) and all("lora_" in n for n in run[1]["params"])
     assert_step_3_skipped(run)
@@ -296,3 +323,15 @@ def test_a_skip_mark_that_accelerate_stops_reading_is_an_error():
                               accelerator=SimpleNamespace(gradient_state=SimpleNamespace(_set_sync_gradients=print)))
     with pytest.raises(RuntimeError, match="would move the learning-rate schedule"):
         UpdateSkip(trainer).skip()
+
+
+def test_memory_per_gpu_follows_the_zero_papers_count():
+    from or1_trl.trainer.sharding import gathered_gb, training_state_gb
+
+    billion = 10**9  # 16 bytes a parameter: bf16 weights 2 and gradients 2, fp32 master weights and moments 12
+    assert [training_state_gb(billion, backend, 8) for backend in ("ddp", "zero2", "zero3", "fsdp2")] == [
+        16.0, 2 + 14 / 8, 2.0, 2.0]
+    assert training_state_gb(billion, "zero3", 1) == 16.0  # world size 1 shards nothing
+    assert gathered_gb("ddp", 10, 10) == gathered_gb("zero2", 10, 10) == 0.0
+    assert gathered_gb("fsdp2", billion, billion // 10) == 2 * 1.2  # the root unit and two layers, in bf16
+    assert gathered_gb("zero3", 3 * billion, billion) == 2.0  # capped by stage3_max_live_parameters
