@@ -23,14 +23,15 @@ One step k = one generation batch, on-policy; each hook wraps TRL's (super(), th
 4. `_get_per_token_logps_and_entropies`: keeps TRL's policy pass for the entropy term (`logprob_backend="liger"`
    binds Liger's kernel into the fused head of this trainer's models, `trainer/logprobs.py`); with `padding_free`,
    every pass forwards the rows packed without padding (`trainer/packing.py`).
-5. `training_step`: a step with no trainable token on any rank skips the optimizer update (counted, warned about);
-   with `_generate`, `_calculate_rewards` and `_prepare_inputs` it times the step's phases
-   (`trainer/observability.RunWatch`). With `async_generation`, `_generate` and `get_batch_samples` hand the
-   one-step-off rollouts to `generation/overlap.OverlappedRollouts`.
+5. `training_step`: a step with no trainable token on any rank has its update skipped as if it had not happened
+   (`trainer/sharding.py`; counted, warned about); with `_generate`, `_calculate_rewards` and `_prepare_inputs` it
+   times the step's phases (`trainer/observability.RunWatch`). With `async_generation`, `_generate` and
+   `get_batch_samples` hand the one-step-off rollouts to `generation/overlap.OverlappedRollouts`.
 
 Patches, each scoped and commented where it is made: `vllm_generation.generation_backend` (a TRL module name, during
 `GRPOTrainer.__init__`), and this trainer's own `callback_handler.on_train_end` (`train`: `stage_loop_end`),
-`args.save_total_limit` (`_save_checkpoint`: `checkpoint.save_complete`) and `accelerator.gather` (`_compute_loss`).
+`args.save_total_limit` (`_save_checkpoint`: `checkpoint.save_complete`), `accelerator.gather` (`_compute_loss`) and,
+for a skipped update, its accelerator's `sync_gradients` and optimizer's skip flag (`sharding.UpdateSkip`).
 
 With every OR1 feature off (`rejection_sampling="off"`, `use_adaptive_entropy=False`, `entropy_coef=0`,
 `logprob_backend="trl"`, `rollout_correction="trl"`) or with a plain `GRPOConfig`, the trainer is `GRPOTrainer` unchanged.
