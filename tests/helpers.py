@@ -404,15 +404,17 @@ def gathered_state(trainer) -> dict:
     }
 
 
-def accelerate_launch(config: str, script: str, *arguments, options=(), timeout=600, wait=True):
+def accelerate_launch(config: str, script: str, *arguments, options=(), timeout=600, log=None):
     """`accelerate launch --config_file configs/accelerate/<config> [options] <script> <arguments>` from the repository
     root (DeepSpeed config files are relative to it), 1 thread per process, this checkout's `or1_trl`: its
-    `CompletedProcess`, or with `wait=False` the running `Popen` (output captured as text)."""
+    `CompletedProcess`, or with `log` (a file path) the running `Popen`, its output going to that file (a pipe nobody
+    reads would stall a run that logs much while another is waited for)."""
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                os.path.join(ROOT, "configs", "accelerate", config), "--main_process_port", str(free_port()), *options,
                os.path.join(ROOT, script), *map(str, arguments)]
     env = {**os.environ, **{name: ENV[name] for name in ("HF_HUB_OFFLINE", "WANDB_MODE", "PYTHONPATH")},
            "OMP_NUM_THREADS": "1"}  # the environment now: a vLLM server fixture exports its key
-    if not wait:
-        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    if log is not None:
+        with open(log, "w") as out:
+            return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)

@@ -51,6 +51,7 @@ GPU_LAUNCHES = {
 }
 LAUNCHES = GPU_LAUNCHES if DEVICE == "cuda" else CPU_LAUNCHES
 SHARDED = ("zero2", "zero3", "fsdp2")
+PARALLEL = DEVICE == "cuda"  # the all-features runs at once (`Runs`)
 # backend -> what the trainer may get: (accelerate's distributed type, the trainer's wrapped model); DDP of one process
 # (torchrun of one) may or may not wrap the model
 EXPECTED = {"ddp": {("MULTI_GPU" if DEVICE == "cuda" else "MULTI_CPU", "DistributedDataParallel")},
@@ -60,12 +61,12 @@ if PROCESSES == 1:
     EXPECTED["ddp"] |= {("MULTI_GPU", "Qwen2ForCausalLM"), ("NO", "Qwen2ForCausalLM")}
 
 
-def launch(backend: str, output_dir, wait=True, **options):
-    """`sharded_run.py` launched with `backend`'s config (its `CompletedProcess`, or its `Popen` with `wait=False`)."""
+def launch(backend: str, output_dir, log=None, **options):
+    """`sharded_run.py` launched with `backend`'s config (its `CompletedProcess`, or with `log` its `Popen`)."""
     config, launch_options = LAUNCHES[backend]
     options = {"features": "all", "device": DEVICE, **options,
                "force_fsdp2": backend == "fsdp2" and DEVICE == "cpu"}
-    return accelerate_launch(config, SCRIPT, output_dir, json.dumps(options), options=launch_options, wait=wait)
+    return accelerate_launch(config, SCRIPT, output_dir, json.dumps(options), options=launch_options, log=log)
 
 
 def sharded_run(backend: str, output_dir, **options) -> dict:
@@ -75,14 +76,13 @@ def sharded_run(backend: str, output_dir, **options) -> dict:
     return json.loads((output_dir / "result.json").read_text())
 
 
-def one_process(output_dir, wait=True, **options):
-    """The reference: the same global batch in one plain process (`CompletedProcess`, or `Popen` with `wait=False`)."""
+def one_process(output_dir, log, **options):
+    """The reference: the same global batch in one plain process, running (`Popen`), its output into the file `log`."""
     command = [sys.executable, os.path.join(ROOT, SCRIPT), str(output_dir),
                json.dumps({"features": "all", "device": DEVICE, **options})]
-    settings = dict(text=True, cwd=ROOT, env={**ENV, "OMP_NUM_THREADS": "1"})
-    if not wait:
-        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **settings)
-    return subprocess.run(command, capture_output=True, timeout=600, **settings)
+    with open(log, "w") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env={**ENV, "OMP_NUM_THREADS": "1"})
 
 
 class Runs:
@@ -96,19 +96,21 @@ class Runs:
 
     def start(self, key: str):
         folder = self.factory.mktemp(key.replace(" ", "_"))
+        log = folder.parent / f"{folder.name}.log"
         if key.startswith("one process "):
-            return folder, one_process(folder, wait=False, features=key.split()[-1])
-        return folder, launch(key, folder, wait=False)
+            return folder, log, one_process(folder, log, features=key.split()[-1])
+        return folder, log, launch(key, folder, log)
 
     def __call__(self, key: str):
         if key not in self.done:
             keys = [key] + ([k for k in [*LAUNCHES, "one process all"] if k not in self.done and k != key]
-                            if DEVICE == "cuda" else [])
+                            if PARALLEL else [])
             started = {k: self.start(k) for k in keys}
-            for k, (folder, process) in started.items():
-                _, stderr = process.communicate(timeout=900)
-                assert process.returncode == 0, f"{k}: {stderr[-6000:]}"
-                self.done[k] = (folder, json.loads((folder / "result.json").read_text()), states(folder))
+            for k, (folder, log, process) in started.items():  # a failed run fails the tests that read it, only
+                process.wait(timeout=900)
+                self.done[k] = (f"{k}: {log.read_text()[-6000:]}" if process.returncode else
+                                (folder, json.loads((folder / "result.json").read_text()), states(folder)))
+        assert not isinstance(self.done[key], str), self.done[key]
         return self.done[key]
 
 
