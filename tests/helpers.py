@@ -10,7 +10,9 @@
   (`reference_logps_entropy`, `fixed_batch`), eq. 3.2 (`reference_eq_3_2`).
 - The real vLLM CPU server: `server_args`, `tied_trainer`, `model_logprobs`/`server_logprobs` and their tolerance
   (`DIFF`, `TOL`), `two_trainer_processes`, `KillsTheServerMidStep`.
-- Processes and the command line: `ROOT`, `free_port`, `ENV`, `RECIPES`, `TINY`, `exit_code`.
+- Processes and the command line: `ROOT`, `free_port`, `ENV`, `RECIPES`, `TINY`, `exit_code`, `accelerate_launch`.
+- Sharded runs (`tests/distributed/sharded_run.py`): `force_fsdp2` (accelerate's FSDP2 on CPUs), `gathered_state`
+  (parameters, Adam's moments, step counts and learning rate, whole from ZeRO or FSDP shards).
 """
 
 from __future__ import annotations

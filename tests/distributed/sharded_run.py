@@ -1,21 +1,24 @@
-"""Run by tests/trainer/test_sharding.py: one OR1 run with every feature on, under `accelerate launch` with 2 CPU
-processes (gloo; DeepSpeed ZeRO-2/3 or FSDP2) or in one plain process (the reference of the same global batch).
+"""Run by tests/trainer/test_sharding.py: one OR1 run, under `accelerate launch` (2 CPU processes with gloo, or one
+process per GPU; DDP, DeepSpeed ZeRO-2/3 or FSDP2) or in one plain process (the reference of the same global batch).
 
     python tests/distributed/sharded_run.py OUTPUT_DIR '{"features": "all", ...}'
 
 Rollouts come from `or1_trl.testing.rank_independent_sampling`, so the one-process run samples the same completions
-as the two ranks together, and the rewards are a function of the completion's text, so they agree too. Step 3's
-rewards are all equal: every group is rejected everywhere, and its update is skipped. After each optimizer step the
-main process saves what the comparison needs, gathered whole from the shards (`state_step<N>.pt`): the parameters,
-Adam's moments and step counts, the learning rate, DeepSpeed's engine counters; at the end `result.json`.
+as the ranks together, and the rewards are a function of the completion's text, so they agree too. Step 3's rewards
+are all equal: every group is rejected everywhere, and its update is skipped. After each optimizer step the main
+process saves what the comparison needs, gathered whole from the shards (`state_step<N>.pt`, `tests/helpers.
+gathered_state`): the parameters, Adam's moments and step counts, the learning rate, DeepSpeed's engine counters; at
+the end `result.json` (the backend obtained, the log history, the share of the parameters a rank holds).
 
-Options (the JSON): "features": "all" (rejection with refill, the entropy controller, packing, two stages that change
-the batch and the accumulation steps, a checkpoint each step) or "lora" (a LoRA adapter, rejection with refill, the
-controller, 80/20: TRL takes its entropy quantile over each micro-step's tokens, so it is compared where an optimizer
-step is one micro-step); "resume": a checkpoint folder to resume from (a copy of a run cut there); "force_fsdp2": accelerate's
-FSDP2 state forced on the CPU (`tests/helpers.force_fsdp2`); "device": "cpu" or "cuda"; "features": "vllm" with
-"vllm_url" and "vllm_model": 2 steps with rollouts from that vLLM server, weights pushed through a directory, then
-once more at the end, and `result.json` says how far the server's log-probs are from the gathered weights'.
+Options (the JSON):
+- "features": "all" (rejection with refill, the entropy controller, packing, two stages that change the completion
+  length, the batch and the accumulation steps, a checkpoint each step); "lora" (a LoRA adapter, rejection with
+  refill, the controller, 80/20: TRL takes its entropy quantile over each micro-step's tokens, so it is compared where
+  an optimizer step is one micro-step); "vllm" with "vllm_url" and "vllm_model" (2 steps with rollouts from that vLLM
+  server and the weights pushed through a directory, once more at the end; `result.json` then says how far the
+  server's log-probs are from those of the weights gathered whole).
+- "resume": `resume_from_checkpoint` (a copy of a run cut short); "force_fsdp2": accelerate's FSDP2 state forced on
+  CPUs (`tests/helpers.force_fsdp2`); "device": "cpu" (default) or "cuda".
 """
 
 import json
