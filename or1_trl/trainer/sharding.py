@@ -25,7 +25,6 @@
 - **Checkpoints** (`checkpoint_layout`): every rank's shard files (DeepSpeed's `global_step*/`, FSDP's
   `SHARDED_STATE_DICT` folders, the per-rank RNG states) are files the verified marker must list
   (`trainer/checkpoint.py`), so a checkpoint missing one rank's shard is never resumed from.
-
 - **Memory per GPU** (`training_state_gb`, `gathered_gb`): what each backend keeps on each GPU for a model of a given
   size, computed (`benchmarks/sharded_memory.py` writes the README's table of the recipes).
 
