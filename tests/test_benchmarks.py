@@ -295,3 +295,21 @@ def test_quick_async_generation_benchmark_is_consistent(tmp_path):
     assert f"**{ratio:.2f} / {ratio:.2f} / {ratio:.2f}×**" in block
     assert f"median {ratio:.2f}× — {'met' if ratio <= 0.65 else 'missed'}" in block
     assert values["table_7"] == max(0.72, 1 - 0.72) and "max(rollout, update + other) = 0.72×" in block
+
+
+def test_the_readmes_memory_per_gpu_is_what_the_formula_computes():
+    """`benchmarks/sharded_memory.py` (computed, not measured): its table is the README's, the models it sizes are
+    the recipes' 7.62B and 32.76B parameters, and its rows follow `training_state_gb` (16 bytes a parameter
+    sharded as each backend shards them)."""
+    from or1_trl.trainer.sharding import training_state_gb
+
+    sharded_memory = load_script("sharded_memory", os.path.join(ROOT, "benchmarks", "sharded_memory.py"))
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    begin, end = update_readme.markers("benchmarks/sharded_memory.py")
+    assert readme.split(begin + "\n")[1].split("\n" + end)[0] == sharded_memory.table()
+    params, embeddings, layer = sharded_memory.sizes("7B")
+    assert (params, embeddings) == (7_615_616_512, 2 * 152_064 * 3_584)
+    assert sharded_memory.sizes("32B")[0] == 32_763_876_352
+    assert "| 7B (7.62B) | `fsdp2.yaml` | 8 | 15.2 | 3.1 | 61.7 |" in sharded_memory.table()
+    assert training_state_gb(params, "ddp", 8) == params * 16 / 1e9

@@ -17,6 +17,7 @@ from ..recipe.entropy import ENTROPY_PRESETS
 from .logprobs import LOGPROB_BACKENDS, liger_available
 from ..recipe.loss import TOKEN_SUM_LOSSES
 from .packing import attention_problem
+from .sharding import SHARDING_FALLBACKS
 from ..paths import output_dir_problem
 from ..recipe.ranges import check_ranges
 from ..recipe.rollout_correction import DEFAULT_CAP, DEFAULT_ROLLOUT_CORRECTION, ROLLOUT_CORRECTIONS
@@ -45,6 +46,7 @@ FIELD_CHOICES = {
     "vllm_sync_peft": SYNC_PEFT_MODES,
     "logprob_backend": LOGPROB_BACKENDS,
     "nonfinite_rewards": NONFINITE_REWARD_MODES,
+    "sharding_fallback": SHARDING_FALLBACKS,
 }
 #: What `to_dict`, `str` and `or1-trl train`'s `sys.argv` show in place of `vllm_server_api_key`.
 API_KEY_PLACEHOLDER = "<VLLM_SERVER_API_KEY>"
@@ -256,12 +258,18 @@ class OR1Config(GRPOConfig):
             Forward the log-prob passes (policy, old policy, reference) without padding (`or1_trl/trainer/packing.py`): the
             rows' real tokens end to end in packed rows, `position_ids` restarting per sequence (transformers'
             block-diagonal mask); the per-token results go back to TRL's padded layout, so the loss and metrics are
-            unchanged. Text-only, attention `"sdpa"`, `"eager"` or flash-attention, DDP or a single process.
+            unchanged. Text-only, attention `"sdpa"`, `"eager"` or flash-attention; one process, DDP, DeepSpeed ZeRO
+            or FSDP2 (under ZeRO-3 and FSDP every rank runs as many forwards; under ZeRO-3 they are not checkpointed).
         max_tokens_per_microbatch (`int` or `None`, *optional*, defaults to `None`):
             With `padding_free`: at most this many token slots per forward (a sequence longer gets a forward of its
             own); every forward but the last is activation-checkpointed, so the policy pass's activation memory is set
             by this budget, not by the micro-batch's rows × length (one more forward of those tokens). `None`: one
             forward per micro-batch. A stage may set its own (`stages[i].max_tokens_per_microbatch`).
+        sharding_fallback (`str`, *optional*, defaults to `"error"`):
+            When the launch asked for DeepSpeed or FSDP (accelerate's config, or `deepspeed` / `fsdp`) and the trainer
+            got something else — accelerate runs `fsdp2.yaml` as DDP on CPUs — one line says what was asked, what was
+            obtained and why: `"error"` stops there, before training; `"allow"` warns and trains with what was
+            obtained (`or1_trl/trainer/sharding.py`).
 
         > Parameters that control the output directory, resuming, and the checks on prompts and rewards
 
@@ -455,13 +463,16 @@ class OR1Config(GRPOConfig):
     padding_free: bool = field(
         default=False,
         metadata={"help": "Forward the log-prob passes without padding: rows packed end to end, position_ids restarting "
-                  "per sequence (text-only; sdpa, eager or flash attention; DDP or one process)."},
+                  "per sequence (text-only; sdpa, eager or flash attention)."},
     )
     max_tokens_per_microbatch: int | None = field(
         default=None,
         metadata={"help": "With padding_free: token slots per packed forward at most (a longer sequence gets its own); "
                   "forwards but the last are checkpointed, so this bounds the activation memory. None: one forward."},
     )
+    sharding_fallback: str = choice_field("error", SHARDING_FALLBACKS, help=(
+        "The launch asked for DeepSpeed or FSDP and the trainer got something else (accelerate runs FSDP as DDP on "
+        "CPUs): 'error' (stop with one line saying what was asked, obtained and why) or 'allow' (warn, train)."))
 
     # Parameters that control the output directory, resuming, and the checks on prompts and rewards
     max_prompt_length: int | None = field(
