@@ -309,3 +309,36 @@ def test_quick_async_generation_benchmark_is_consistent(tmp_path):
     assert f"median {ratio:.2f}× — {'met' if ratio <= 0.65 else 'missed'}" in block
     assert values["table_7"] == max(0.72, 1 - 0.72) and "max(rollout, update + other) = 0.72×" in block
 
+
+def test_quick_real_step_time_benchmark_is_consistent(tmp_path, smollm2_dir, monkeypatch):
+    """`benchmarks/real_step_time.py --quick` on the real model (about a minute): the three arms timed the same way,
+    the step ratios and the FLOP/s fractions are the ratios of the figures they come from, the FLOPs are the
+    docstring's count over the rows each update forwarded (every row with the scripted reward, the kept ones with
+    `math_reward`), and the replayed update is the `or1` arm's last. The figures are read from the JSON, never from the
+    rounded text (no timing is asserted)."""
+    block, values = run_benchmark(tmp_path, "real_step_time.py", extra=("--model-dir", smollm2_dir))
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))  # it imports step_time.py, as scripts do
+    bench = load_script("real_step_time_bench", os.path.join(ROOT, "benchmarks", "real_step_time.py"))
+    counts = values["counts"]  # SmolLM2: 30 layers of q, k, v, o (576→576, 576→192 ×2, 576→576) and the MLP (576↔1536)
+    assert counts == {"linear": 2 * 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536), "head": 2 * 49_152 * 576,
+                      "attention_width": 576, "layers": 30}
+    (rep,) = values["reps"]
+    trl, or1, demo = rep["trl"], rep["or1"], rep["or1_demo"]
+    assert values["step_ratios"] == [or1["step"] / trl["step"]] == [values["step_ratio"]]
+    assert values["demo_ratios"] == [demo["step"] / trl["step"]]
+    for arm in (trl, or1, demo):
+        assert sum(arm[phase] for phase in bench.PHASES) == pytest.approx(arm["step"])
+        assert arm["flops"] == pytest.approx(bench.update_flops(counts, arm["forwards"]))
+        assert arm["flop_per_s"] == arm["flops"] / arm["forward_backward_total_s"]
+        assert arm["rows"] == sum(rows for rows, _ in arm["forwards"])
+    assert trl["rows"] == or1["rows"] == 8 and 1 <= demo["rows"] <= 8  # 1 prompt × 8: nothing rejected / kept rows
+    assert values["fp32_fraction"] == or1["flop_per_s"] / or1["gemm_fp32"]
+    assert values["bf16_fraction"] == or1["flop_per_s"] / or1["gemm_bf16"]
+    assert values["goals_met"] == {"step_ratio": values["step_ratio"] <= 1.0,
+                                   "fp32_fraction": values["fp32_fraction"] >= 0.7}
+    assert f"| {values['step_ratio']:.3f} / {values['step_ratio']:.3f} / {values['step_ratio']:.3f}× |" in block
+    replay = values["replay"]
+    assert replay["forwards"] == or1["forwards"][-1:] and replay["flops"] == pytest.approx(
+        bench.update_flops(counts, replay["forwards"]))
+    assert set(replay["seconds"]) >= {"GEMM (mm, addmm, bmm)", "other ops", "outside ops"}
+    assert replay["gemm_flop_per_s"] == replay["gemm_flops"] / replay["seconds"]["GEMM (mm, addmm, bmm)"]
