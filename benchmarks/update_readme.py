@@ -45,6 +45,7 @@ BENCHMARKS = {
     "generation": Benchmark("benchmarks/generation.py", ("--reps", "3"), ("--quick",)),
     "memory": Benchmark("benchmarks/memory.py", (), ("--quick",)),
     "step_time": Benchmark("benchmarks/step_time.py", (), ("--quick",)),
+    "real_step_time": Benchmark("benchmarks/real_step_time.py", (), ("--quick",)),
     "learning": Benchmark("benchmarks/learning.py", (), ("--quick",)),
     "rollout_correction": Benchmark("benchmarks/rollout_correction.py", (), ("--quick",)),
     "packing": Benchmark("benchmarks/packing.py", (), ("--quick",)),
