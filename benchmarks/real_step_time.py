@@ -192,15 +192,22 @@ def update_flops(counts: dict, forwards: list[tuple[int, int]]) -> float:
 
 
 def gemm_flops(dtype: torch.dtype, size: int, min_seconds: float = 1.0) -> float:
-    """FLOP/s of a square `size` GEMM in `dtype`, repeated for at least `min_seconds` after a warm-up."""
+    """FLOP/s of a square `size` GEMM in `dtype` on the device the trainers use (a CUDA GPU when there is one, as
+    `demo_config` chooses; synchronised), repeated for at least `min_seconds` after a warm-up."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     generator = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(size, size, generator=generator).to(dtype) for _ in range(2))
+    a, b = (torch.randn(size, size, generator=generator).to(device, dtype) for _ in range(2))
     a @ b
+    sync()
     count, start = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - start) < min_seconds or count < 3:
         a @ b
         count += 1
-    return 2 * size**3 * count / elapsed
+        if count % 8 == 0:
+            sync()
+    sync()
+    return 2 * size**3 * count / (time.perf_counter() - start)
 
 
 # ---------------------------------------------------------------------------------------------------------------
