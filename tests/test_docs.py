@@ -68,11 +68,16 @@ def rel(path) -> str:
 # --- the shell runner ---------------------------------------------------------------------------------------------
 def shell_commands(source: str) -> list[list[str]]:
     """The block's logical lines (continuations joined, comments and blank lines dropped), each split into its
-    `&&`-chained commands."""
-    lines = []
+    `&&`-chained commands; a here-document's lines stay as they are, one command each."""
+    lines, heredoc = [], None
     for line in source.replace("\\\n", " ").split("\n"):
-        if line.strip() and not line.strip().startswith("#"):
+        if heredoc is not None:
+            lines.append([line])
+            heredoc = None if line == heredoc else heredoc
+        elif line.strip() and not line.strip().startswith("#"):
             lines.append([part.strip() for part in line.split(" && ")])
+            match = re.search(r"<<-?\s*['\"]?(\w+)['\"]?", line)
+            heredoc = match.group(1) if match else None
     return lines
 
 
@@ -254,6 +259,8 @@ def test_the_runner_changes_installs_tests_and_long_commands_only(tmp_path):
                                       "or1-trl demo --max_steps 5")
     with pytest.raises(AssertionError, match="no tests/nonesuch.py"):
         runnable_shell("python -m pytest tests/nonesuch.py -q")
+    heredoc = "cat > a.jsonl <<'EOF'\n# kept && as is\n{}\nEOF\n# dropped\necho && pip install x"
+    assert runnable_shell(heredoc) == "cat > a.jsonl <<'EOF'\n# kept && as is\n{}\nEOF\necho"
     assert needs("# needs: a GPU, the Hub\nor1-trl serve M") == ["a GPU", "the Hub"]
     assert needs("or1-trl serve M  # needs: nothing") is None
     assert dropin_source("-a = 1\n+a = 2\n b = a") == "a = 2\nb = a"
