@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU matrix of sharded training (issue 35; the README's "Sharded training"): tests/trainer/test_sharding.py's
+# The GPU matrix of sharded training (issue 35; docs/distributing_training.md): tests/trainer/test_sharding.py's
 # test_every_feature_trains_as_one_process_does on this machine's CUDA GPUs — DDP, DeepSpeed ZeRO-2, ZeRO-3 and FSDP2
 # (configs multi_gpu.yaml, deepspeed_zero2.yaml, deepspeed_zero3.yaml, fsdp2.yaml in fp32, one process per GPU; with
 # one GPU, world size 1 still runs DeepSpeed's engine and FSDP2's wrapping) each train the tiny model 4 steps with

@@ -1,4 +1,5 @@
-"""`benchmarks/update_readme.py`: the README's figure blocks are rewritten from the benchmarks' own output."""
+"""`benchmarks/update_readme.py`: the documented figure blocks (`docs/benchmarks.md`) are rewritten from the benchmarks'
+own output."""
 
 import importlib.util
 import json
@@ -84,12 +85,25 @@ def test_replace_block_refuses_missing_repeated_or_misplaced_markers(text, found
         update_readme.replace_block(text, "benchmarks/demo.py", "x")
 
 
-def test_every_benchmark_has_its_block_in_the_readme():
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
+def test_every_benchmark_has_its_block_in_one_page_of_the_docs():
     for name, bench in update_readme.BENCHMARKS.items():
         assert os.path.exists(os.path.join(ROOT, bench.script)), bench.script
-        update_readme.replace_block(readme, bench.script, "checked")  # raises if the markers are wrong
+        page = update_readme.find_page(bench.script)  # raises unless exactly one page holds the block
+        assert page == os.path.join(ROOT, "docs", "benchmarks.md"), (name, page)
+        with open(page) as f:
+            update_readme.replace_block(f.read(), bench.script, "checked")  # raises if the markers are wrong
+
+
+def test_find_page_needs_the_block_in_exactly_one_page(tmp_path):
+    one, two, none = tmp_path / "one.md", tmp_path / "two.md", tmp_path / "none.md"
+    one.write_text(TEXT)
+    two.write_text(TEXT.replace("benchmarks/demo.py", "benchmarks/other.py"))
+    none.write_text("text <!-- benchmarks/demo.py --> inline\n")
+    assert update_readme.find_page("benchmarks/demo.py", [str(none), str(one), str(two)]) == str(one)
+    with pytest.raises(ValueError, match="found in: none of"):
+        update_readme.find_page("benchmarks/demo.py", [str(two), str(none)])
+    with pytest.raises(ValueError, match=re.escape(f"found in: {os.path.relpath(one, ROOT)}, ")):
+        update_readme.find_page("benchmarks/rejection.py", [str(one), str(two)])
 
 
 def run_update(*args):
@@ -97,10 +111,10 @@ def run_update(*args):
                           cwd=ROOT)
 
 
-def test_quick_demo_rewrites_a_copy_of_the_readme(tmp_path):
-    copy = tmp_path / "README.md"
+def test_quick_demo_rewrites_a_copy_of_its_page(tmp_path):
+    copy = tmp_path / "benchmarks.md"
     copy.write_text(TEXT)
-    result = run_update("demo", "--quick", "--readme", str(copy))
+    result = run_update("demo", "--quick", "--page", str(copy))
     assert result.returncode == 0, result.stderr[-4000:]
     text = copy.read_text()
     block = text.split("<!-- benchmarks/demo.py -->\n")[1].split("<!-- /benchmarks/demo.py -->")[0]
@@ -119,7 +133,9 @@ def test_quick_demo_rewrites_a_copy_of_the_readme(tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["demo", "--quick"], "--quick numbers mean nothing: write them to a copy with --readme PATH"),
+        (["demo", "--quick"], "--quick numbers mean nothing: write them to a copy with --page PATH"),
+        (["demo", "--quick", "--page", os.path.join(ROOT, "docs", "benchmarks.md")],
+         "--quick numbers mean nothing: write them to a copy with --page PATH"),
         (["nonesuch"], "unknown benchmark(s) nonesuch; choose from " + ", ".join(update_readme.BENCHMARKS)),
         ([], "name at least one benchmark (or --all, --list)"),
     ],
@@ -129,10 +145,10 @@ def test_update_readme_usage_errors(args, message):
     assert result.returncode == 2 and message in result.stderr
 
 
-def test_update_readme_refuses_a_readme_without_the_block(tmp_path):
-    copy = tmp_path / "README.md"
+def test_update_readme_refuses_a_page_without_the_block(tmp_path):
+    copy = tmp_path / "benchmarks.md"
     copy.write_text("# no markers\n")
-    result = run_update("demo", "--quick", "--readme", str(copy))
+    result = run_update("demo", "--quick", "--page", str(copy))
     assert result.returncode != 0 and "needs one line '<!-- benchmarks/demo.py -->'" in result.stderr
     assert copy.read_text() == "# no markers\n"  # checked before running anything
 
@@ -310,14 +326,14 @@ def test_quick_async_generation_benchmark_is_consistent(tmp_path):
     assert values["table_7"] == max(0.72, 1 - 0.72) and "max(rollout, update + other) = 0.72×" in block
 
 
-def test_the_readmes_memory_per_gpu_is_what_the_formula_computes():
-    """`benchmarks/sharded_memory.py` (computed, not measured): its table is the README's, the models it sizes are
+def test_the_documented_memory_per_gpu_is_what_the_formula_computes():
+    """`benchmarks/sharded_memory.py` (computed, not measured): its table is the documented one, the models it sizes are
     the recipes' 7.62B and 32.76B parameters, and its rows follow `training_state_gb` (16 bytes a parameter
     sharded as each backend shards them)."""
     from or1_trl.trainer.sharding import training_state_gb
 
     sharded_memory = load_script("sharded_memory", os.path.join(ROOT, "benchmarks", "sharded_memory.py"))
-    with open(os.path.join(ROOT, "README.md")) as f:
+    with open(update_readme.find_page("benchmarks/sharded_memory.py")) as f:
         readme = f.read()
     begin, end = update_readme.markers("benchmarks/sharded_memory.py")
     assert readme.split(begin + "\n")[1].split("\n" + end)[0] == sharded_memory.table()

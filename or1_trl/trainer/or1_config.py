@@ -193,7 +193,7 @@ class OR1Config(GRPOConfig):
             `vllm_importance_sampling_*` fields exactly as set; its default masks sequences by exp(Σ_t log r_t),
             which grows with the length). Our two modes set TRL's fields so that TRL computes the trainer's log-probs
             of the rollout (`vllm_importance_sampling_correction=True`, `"token_truncate"`, clip_max c); `"off"` turns
-            TRL's correction off. The default is chosen by `benchmarks/rollout_correction.py` (README).
+            TRL's correction off. The default is chosen by `benchmarks/rollout_correction.py` (docs/benchmarks.md).
         rollout_correction_cap (`float`, *optional*, defaults to `2.0`):
             c > 1: the per-token truncation cap and the geometric mask's bound [1/c, c].
         async_generation (`bool`, *optional*, defaults to `False`):

@@ -26,7 +26,7 @@
   `SHARDED_STATE_DICT` folders, the per-rank RNG states) are files the verified marker must list
   (`trainer/checkpoint.py`), so a checkpoint missing one rank's shard is never resumed from.
 - **Memory per GPU** (`training_state_gb`, `gathered_gb`): what each backend keeps on each GPU for a model of a given
-  size, computed (`benchmarks/sharded_memory.py` writes the README's table of the recipes).
+  size, computed (`benchmarks/sharded_memory.py` writes the table of the recipes in docs/benchmarks.md).
 
 Packing under ZeRO-3 and FSDP (every forward gathers parameters) is `packing.same_forward_count`.
 """
