@@ -1,7 +1,7 @@
 """Re-measure the README's figures: run benchmarks and rewrite their blocks in README.md.
 
     python benchmarks/update_readme.py demo                 # one benchmark (see --list)
-    python benchmarks/update_readme.py --all                # all (memory: ~29 min and 20 GB of RAM; learning: ~30 min; others minutes)
+    python benchmarks/update_readme.py --all                # all (memory: ~32 min and 20 GB of RAM; learning: ~30 min; others minutes)
     python benchmarks/update_readme.py demo --quick --readme /tmp/README.md    # tiny settings, into a copy
 
 Each benchmark has a block in README.md between `<!-- benchmarks/NAME.py -->` and `<!-- /benchmarks/NAME.py -->`.
