@@ -18,15 +18,16 @@ demo's second stage; its first has 24), bf16 autocast (fp32 weights and AdamW), 
 The goal (`OR1Trainer` / `GRPOTrainer` ≤ 1.0×) compares `or1` with `trl`: the same work, nothing rejected, so the
 ratio is OR1's overhead; `or1_demo` shows the demo's own steps and what rejection leaves to the update.
 
-Both generate with TRL's in-process HF `generate` (fp32): `GRPOTrainer` has no CPU path to a vLLM server (its weight
-sync is NCCL), so generation is the same code in both arms; `benchmarks/generation.py` compares the backends. Both
-classes carry the same benchmark-only clocks (`Clocked`): seconds in `_generate` (rollout: tokenising, generation,
-decoding), `_calculate_rewards` (reward), `training_step` minus the `_prepare_inputs` it runs first (forward+backward:
-the policy forward, the loss, the backward), the optimizer step (between the `on_pre_optimizer_step` and
-`on_optimizer_step` callbacks), and the rest of the step's wall clock (`other`: the rollout's bookkeeping, rejection,
-clipping, logging). `OR1Trainer` also logs its own split (`time/*`, shown below the table). One repetition runs each
-arm for `--steps` steps from the same weights; the order rotates from one repetition to the next; the ratios are
-formed within a repetition (median step of each arm).
+Both generate with TRL's in-process HF `generate` (under bf16 autocast: with `bf16=True` accelerate wraps the model's
+forward, `generate` included): `GRPOTrainer` has no CPU path to a vLLM server (its weight sync is NCCL), so generation
+is the same code in both arms; `benchmarks/generation.py` compares the backends. Both classes carry the same
+benchmark-only clocks (`Clocked`): seconds in `_generate` (rollout: tokenising, generation, decoding),
+`_calculate_rewards` (reward), `training_step` minus the `_prepare_inputs` it runs first (forward+backward: the policy
+forward, the loss, the backward), the optimizer step (between the `on_pre_optimizer_step` and `on_optimizer_step`
+callbacks), and the rest of the step's wall clock (`other`: the rollout's bookkeeping, rejection, clipping, logging).
+`OR1Trainer` also logs its own split (`time/*`, shown below the table). One repetition runs each arm for `--steps`
+steps from the same weights; the order rotates from one repetition to the next; the ratios are formed within a
+repetition (median step of each arm).
 
 FLOPs, counted plainly (`update_flops`): a forward costs 2 FLOPs per multiply-add of every `nn.Linear` of the decoder
 (q, k, v, o, gate, up, down: 2 x 106.2 M per token for SmolLM2) and of the tied 576 x 49,152 head (2 x 28.3 M per token),
@@ -329,7 +330,7 @@ def markdown(values: dict, args) -> str:
     lines = [
         f"Real-model step time, `python benchmarks/real_step_time.py{' --quick' if args.quick else flags}`: "
         f"SmolLM2-135M-Instruct at the real-model demo's shape ({shape}; the ladder's training prompts, bf16 autocast, "
-        "lr 3e-5), both trainers generating with HF `generate` in-process (fp32); "
+        "lr 3e-5), both trainers generating with HF `generate` in-process (under the same autocast); "
         f"{args.warmup} untimed step(s) of each arm, then {args.reps} interleaved repetitions of {args.steps} step(s) per "
         "arm; min / median / max over the repetitions:",
         "",

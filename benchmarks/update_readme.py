@@ -1,7 +1,7 @@
 """Re-measure the documented figures: run benchmarks and rewrite their blocks in the documentation.
 
     python benchmarks/update_readme.py demo                 # one benchmark (see --list)
-    python benchmarks/update_readme.py --all                # all (memory: ~29 min and 20 GB of RAM; learning: ~30 min; others minutes)
+    python benchmarks/update_readme.py --all                # all (memory: ~32 min and 20 GB of RAM; learning: ~30 min; others minutes)
     python benchmarks/update_readme.py demo --quick --page /tmp/benchmarks.md    # tiny settings, into a copy
 
 Each benchmark has one block in the documentation (`docs/benchmarks.md`; any page of `docs/`, or README.md, may hold
