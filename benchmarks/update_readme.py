@@ -49,6 +49,7 @@ BENCHMARKS = {
     "memory": Benchmark("benchmarks/memory.py", (), ("--quick",)),
     "step_time": Benchmark("benchmarks/step_time.py", (), ("--quick",)),
     "real_step_time": Benchmark("benchmarks/real_step_time.py", (), ("--quick",)),
+    "real_demo": Benchmark("benchmarks/real_demo.py", (), ("--quick",)),
     "learning": Benchmark("benchmarks/learning.py", (), ("--quick",)),
     "rollout_correction": Benchmark("benchmarks/rollout_correction.py", (), ("--quick",)),
     "packing": Benchmark("benchmarks/packing.py", (), ("--quick",)),
