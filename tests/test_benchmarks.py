@@ -376,3 +376,20 @@ def test_quick_real_step_time_benchmark_is_consistent(tmp_path, smollm2_dir, mon
         bench.update_flops(counts, replay["forwards"]))
     assert set(replay["seconds"]) >= {"GEMM (mm, addmm, bmm)", "other ops", "outside ops"}
     assert replay["gemm_flop_per_s"] == replay["gemm_flops"] / replay["seconds"]["GEMM (mm, addmm, bmm)"]
+
+
+def test_quick_real_demo_benchmark_reports_what_it_measured(tmp_path):
+    """`benchmarks/real_demo.py --quick` on the real model: part 1 is the demo's own report (per rung and over the
+    ladder, the gain's interval inside its bootstrap's range) with its time split; part 2's arms each trained their
+    steps, and the block's ratios are those of the JSON's update seconds (read unrounded from `--json`)."""
+    block, values = run_benchmark(tmp_path, "real_demo.py", needs_vllm=True)
+    demo, costs = values["demo"], values["costs"]
+    assert set(demo["rungs"]) == {"add1", "sub1", "mul1", "add21", "add2", "apples"}
+    assert demo["before"] == pytest.approx(sum(r["before"] for r in demo["rungs"].values()) / 6)
+    assert demo["after"] == pytest.approx(sum(r["after"] for r in demo["rungs"].values()) / 6)
+    low, high = demo["gain_ci"]
+    assert -1 <= low <= high <= 1 and demo["seconds"] > 0 and demo["split"]["step"] > 0
+    assert list(costs) == ["demo", "fp32"] and all(c["steps"] == 2 for c in costs.values())
+    ratio = costs["fp32"]["update_s"] / costs["demo"]["update_s"]
+    assert f"| `fp32` | {costs['fp32']['update_s']:.2f} |" in block and f"{ratio:.2f}x |" in block
+    assert costs["demo"]["prompt_tokens"] > 0 and costs["demo"]["tokens"] > 0
