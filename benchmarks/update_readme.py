@@ -1,10 +1,12 @@
 """Re-measure the README's figures: run benchmarks and rewrite their blocks in README.md.
 
     python benchmarks/update_readme.py demo                 # one benchmark (see --list)
-    python benchmarks/update_readme.py --all                # all (memory: ~29 min and 20 GB of RAM; learning: ~30 min; others minutes)
+    python benchmarks/update_readme.py --all                # all (memory: ~29 min and 20 GB of RAM; learning: ~30 min;
+                                                            # learning_ladder: hours, resumable; others minutes)
     python benchmarks/update_readme.py demo --quick --readme /tmp/README.md    # tiny settings, into a copy
 
-Each benchmark has a block in README.md between `<!-- benchmarks/NAME.py -->` and `<!-- /benchmarks/NAME.py -->`.
+Each benchmark has a block in README.md between `<!-- benchmarks/NAME.py -->` and `<!-- /benchmarks/NAME.py -->`
+(a second block of one script has a name of its own: `<!-- benchmarks/learning.py ladder -->`).
 This script runs the benchmark with the settings below and `--markdown FILE`, and replaces the block's content with
 a line saying when, where (CPUs, CPU model, torch version, load average) and with which command it was measured,
 followed by what the benchmark wrote. Text outside the markers is left alone. `--quick` runs each benchmark with
@@ -31,9 +33,14 @@ README = os.path.join(ROOT, "README.md")
 
 @dataclass(frozen=True)
 class Benchmark:
-    script: str  # relative to the repository root; also names the README block
+    script: str  # relative to the repository root; also names the README block, unless `block` does
     args: tuple[str, ...]  # the README's settings
     quick: tuple[str, ...]  # seconds, for tests
+    block: str = ""  # the README block's name, where one script writes two blocks (default: `script`)
+
+    @property
+    def marker(self) -> str:
+        return self.block or self.script
 
 
 BENCHMARKS = {
@@ -46,6 +53,10 @@ BENCHMARKS = {
     "memory": Benchmark("benchmarks/memory.py", (), ("--quick",)),
     "step_time": Benchmark("benchmarks/step_time.py", (), ("--quick",)),
     "learning": Benchmark("benchmarks/learning.py", (), ("--quick",)),
+    # the real-model arms: each run's result is kept in benchmarks/results/learning_ladder and a relaunch skips it, so
+    # once the matrix has run (hours) this writes the block from the results without running anything
+    "learning_ladder": Benchmark("benchmarks/learning.py", ("--ladder", "--plot", "docs/learning_ladder.png"),
+                                 ("--ladder", "--quick"), block="benchmarks/learning.py ladder"),
     "rollout_correction": Benchmark("benchmarks/rollout_correction.py", (), ("--quick",)),
     "packing": Benchmark("benchmarks/packing.py", (), ("--quick",)),
     "async_generation": Benchmark("benchmarks/async_generation.py", (), ("--quick",)),
@@ -123,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.list:
         for name, bench in BENCHMARKS.items():
-            print(f"{name:13s} python {shlex.join([bench.script, *bench.args])}")
+            print(f"{name:18s} python {shlex.join([bench.script, *bench.args])}")
         return
     names = list(BENCHMARKS) if args.all else args.names
     if not names:
@@ -136,15 +147,15 @@ def main(argv: list[str] | None = None) -> None:
     with open(args.readme) as f:
         text = f.read()
     for name in names:  # check every block exists before spending minutes on a benchmark
-        replace_block(text, BENCHMARKS[name].script, "")
+        replace_block(text, BENCHMARKS[name].marker, "")
     for name in names:
         block = run(name, args.quick)
         with open(args.readme) as f:  # again: edits made while the benchmark ran (minutes) are kept
             text = f.read()
-        text = replace_block(text, BENCHMARKS[name].script, block)
+        text = replace_block(text, BENCHMARKS[name].marker, block)
         with open(args.readme, "w") as f:  # after each benchmark: a later failure keeps the earlier ones
             f.write(text)
-        print(f"{args.readme}: rewrote the block of {BENCHMARKS[name].script}", file=sys.stderr)
+        print(f"{args.readme}: rewrote the block of {BENCHMARKS[name].marker}", file=sys.stderr)
 
 
 if __name__ == "__main__":
