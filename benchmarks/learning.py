@@ -1132,7 +1132,7 @@ def run_ladder(todo, settings, results_dir, regime_path, start_path, stack, fold
     print(f"starting a vLLM CPU server for {folder} (bf16) ...", file=sys.stderr, flush=True)
     url = stack.enter_context(running_server(folder, "disk", log_path=os.path.join(workdir, "server.log"),
                                              python=vllm_python(), extra_args=SERVER_ARGS,
-                                             sync_roots=["/dev/shm", workdir]))
+                                             sync_roots=["/dev/shm", workdir], with_parent=True))
     train, held_out = ladder_data(settings)
     # The server holds the starting model until the first push: the regime and the starting point are measured now.
     regime = cached_json(regime_path, lambda: measure_regime(url, train, settings))
