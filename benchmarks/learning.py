@@ -1018,8 +1018,20 @@ def ladder_markdown(results: dict, settings: LadderSettings, regime: dict, quick
             f"{mean('final_greedy', '.3f')} | {mean('eval_entropy', '.3f')} | {mean('train_entropy', '.3f')}"
             f"{f' ({target:g})' if target is not None else ''} | {mean('informative_groups', '.0%')} | "
             f"{mean('kept_groups', '.0%')} | {mean('truncation_stage1', '.0%')} | {collapse} |")
-    lines += ["", "| paired comparison | seeds | steps | wall clock | generated tokens | final held-out accuracy, "
-              "difference | held-out gain, ratio |", "|---|---:|---:|---:|---:|---:|---:|"]
+    rungs = list(next(iter(next(iter(results.values())).values()))["final_rungs"]) if results else []
+    if rungs:
+        any_run = next(iter(next(iter(results.values())).values()))
+        lines += ["", f"Held-out avg@{settings.samples} per rung, at the start and at the end (mean over seeds):", "",
+                  "| arm | " + " | ".join(f"`{rung}`" for rung in rungs) + " |", "|---|" + "---:|" * len(rungs),
+                  "| starting model | " + " | ".join(f"{any_run['curve'][0]['rungs'][rung]:.3f}" for rung in rungs)
+                  + " |"]
+        for arm in LADDER_ARMS:
+            runs = list(results.get(arm, {}).values())
+            if runs:
+                lines.append(f"| {LADDER_NAMES[arm]} | " + " | ".join(
+                    f"{statistics.mean(r['final_rungs'][rung] for r in runs):.3f}" for rung in rungs) + " |")
+    comparisons = ["", "| paired comparison | seeds | steps | wall clock | generated tokens | final held-out accuracy, "
+                   "difference | held-out gain, ratio |", "|---|---:|---:|---:|---:|---:|---:|"]
     for ours, theirs in (("or1", "grpo"), ("or1_no_rejection", "or1"), ("or1_no_entropy", "or1"), ("or1_8020", "or1"),
                          ("one_shot", "or1"), ("one_shot_random", "or1"), ("one_shot", "one_shot_random")):
         n = len(paired(results, ours, theirs, "seed")[0])
@@ -1033,10 +1045,13 @@ def ladder_markdown(results: dict, settings: LadderSettings, regime: dict, quick
         cells.append(f"{diff:+.3f} ({low:+.3f} to {high:+.3f})")
         ratio, low, high = bootstrap_ratio(*paired(results, ours, theirs, gain))
         cells.append(f"{ratio:.2f}× ({low:.2f}–{high:.2f})")
-        lines.append(f"| {LADDER_NAMES[ours]} / {LADDER_NAMES[theirs]} | {n} | " + " | ".join(cells) + " |")
+        comparisons.append(f"| {LADDER_NAMES[ours]} / {LADDER_NAMES[theirs]} | {n} | " + " | ".join(cells) + " |")
+    if len(comparisons) > 3:
+        lines += comparisons
     lines += ["", "Goals (fixed in the docstring before the runs):", ""]
     for goal, met, figures in ladder_goals(results):
-        lines.append(f"- {goal}: **{'met' if met else 'missed' if met is not None else 'not measured'}** ({figures})")
+        lines.append(f"- {goal}: **{'met' if met else 'missed'}** ({figures})" if met is not None else
+                     f"- {goal}: **not measured**")
     loads = [load for runs in results.values() for r in runs.values() for load in r["loads"]]
     finished = sorted(r["finished"] for runs in results.values() for r in runs.values())
     if loads:

@@ -272,12 +272,12 @@ def test_collapse_detector_and_bootstrap_difference_by_hand():
 
 
 def fake_result(arm, seed, settings, *, wall, steps, final, start=0.2, warned=False, detector=None):
-    curve = [{"step": 0, "accuracy": start, "greedy": 0.3, "wall_s": 0.0, "tokens": 0},
+    curve = [{"step": 0, "accuracy": start, "greedy": 0.3, "wall_s": 0.0, "tokens": 0, "rungs": {"add1": 0.3, "add2": 0.1}},
              {"step": steps, "accuracy": final, "greedy": 0.6, "wall_s": wall, "tokens": 100 * steps}]
     return {"arm": arm, "seed": seed, "settings": learning.dataclasses.asdict(settings), "finished": "2026-11-26 10:00",
             "reached": final >= settings.target, "steps": steps, "wall_s": wall, "tokens": 100 * steps,
             "start_accuracy": start, "final_accuracy": final, "start_greedy": 0.3, "final_greedy": 0.6,
-            "final_rungs": {}, "eval_entropy": 0.5, "curve": curve, "log": [{"step": 1, "entropy": 1.0}],
+            "final_rungs": {"add1": final, "add2": final - 0.1}, "eval_entropy": 0.5, "curve": curve, "log": [{"step": 1, "entropy": 1.0}],
             "train_entropy": 1.0, "min_train_entropy": 1.0, "entropy_target": None if arm == "grpo" else 0.2,
             "max_entropy_coef": 0.0, "informative_groups": 0.5, "kept_groups": 0.5, "truncation_stage1": 0.4,
             "collapse_warning_step": None, "collapse_warned": warned, "collapse_detector_step": detector,
@@ -326,6 +326,7 @@ def test_ladder_table_goals_and_resume_from_finished_results(tmp_path):
     ratio = {cells(line)[0]: cells(line) for line in block.splitlines() if " / " in line and "×" in line}
     assert ratio["OR1 recipe / GRPOTrainer"][1:4] == ["3", "0.50× (0.50–0.50)", "0.60× (0.50–0.70)"]
     assert "range 1.0–3.0" in block
+    assert "| starting model | 0.300 | 0.100 |" in block and "| OR1 recipe | 0.700 | 0.600 |" in block
     runs[0]["settings"] = {**runs[0]["settings"], "target": 0.9}
     (tmp_path / "grpo-seed0.json").write_text(json.dumps(runs[0]))
     with pytest.raises(SystemExit, match="measured with other settings"):
