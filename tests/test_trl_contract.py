@@ -1,5 +1,6 @@
 """The contract with TRL and transformers: every private name of theirs that `or1_trl` overrides, calls, reads or
-writes, with the signature it relies on (issue 22.5).
+writes, with the signature it relies on (issue 22.5); and the accelerate and DeepSpeed internals of sharded training
+(`trainer/sharding.py`, issue 35).
 
 `pyproject.toml` pins `trl==1.16.*`. A TRL (or transformers) release that renames a hook, changes its parameters or
 drops an attribute fails here, in one place, with a message naming the symbol, how `or1_trl` uses it and the
@@ -97,7 +98,7 @@ CONTRACT: list[Use] = [
     Use(GRPO, "_generate", METHOD, "self, prompts", "trainer.py overrides: times the rollout phase"),
     Use(GRPO, "_prepare_inputs", METHOD, "self, generation_batch", "trainer.py overrides: times the 'other' phase"),
     Use(GRPO, "training_step", METHOD, "self, model, inputs, num_items_in_batch",
-        "trainer.py overrides: times the update, drops the gradients of a step with no trainable token"),
+        "trainer.py overrides: times the update, counts a step whose update sharding.UpdateSkip skipped"),
     Use(GRPO, "_tokenize_prompts", METHOD, "self, prompts",
         "trainer.py overrides (max_prompt_length cut) and calls TRL's to measure prompt lengths before training"),
     Use(GRPO, "_get_train_sampler", METHOD, "self, dataset=",
@@ -152,6 +153,24 @@ CONTRACT: list[Use] = [
     Use(GRPO, "_get_output_dir", METHOD, "self, trial",
         "checkpoint.save_complete and stop_with_checkpoint: the run dir of the checkpoint being saved", scanned=False),
     Use(GRPO, "_load_rng_state", METHOD, "self, checkpoint", "trainer.py: RNG of a resumed stage"),
+    Use(GRPO, "model_wrapped", ATTRIBUTE, None,
+        "sharding.enter_stage: the previous stage's DeepSpeed engine (destroyed), reset to the model so that the "
+        "next train() builds the stage's engine", scanned=False),
+    Use(GRPO, "deepspeed", ATTRIBUTE, None, "sharding.enter_stage resets it with model_wrapped", scanned=False),
+    Use(GRPO, "is_deepspeed_enabled", ATTRIBUTE, None, "sharding.enter_stage: DeepSpeed runs", scanned=False),
+    # --- accelerate and DeepSpeed internals (sharding.py; deepspeed comes with the dev and deepspeed extras) ----
+    Use("accelerate.state.GradientState", "_set_sync_gradients", METHOD, "self, sync_gradients",
+        "sharding.UpdateSkip.skip: a skipped step's last backward runs with sync_gradients off (no DeepSpeed engine "
+        "step, no optimizer step), as transformers' loop sets it each micro-step", scanned=False),
+    Use("accelerate.optimizer.AcceleratedOptimizer", "_is_overflow", ATTRIBUTE, None,
+        "sharding._mark_skipped: step_was_skipped reads it; transformers then leaves the LR scheduler alone",
+        scanned=False),
+    Use("deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3", "overflow", ATTRIBUTE, None,
+        "sharding._mark_skipped: accelerate's DeepSpeedOptimizerWrapper.step_was_skipped reads it", scanned=False),
+    Use("deepspeed.runtime.zero.stage_1_and_2.DeepSpeedZeroOptimizer", "overflow", ATTRIBUTE, None,
+        "sharding._mark_skipped, as for ZeRO-3", scanned=False),
+    Use("deepspeed.runtime.engine.DeepSpeedEngine", "destroy", METHOD, "self",
+        "sharding.enter_stage: the previous stage's engine removes its ZeRO hooks from the model", scanned=False),
     Use("transformers.trainer", "TRAINER_STATE_NAME", GLOBAL, None,
         "trainer.py and observability.py: the file a checkpoint must hold; the final trainer_state.json"),
     Use("transformers.trainer", "rotate_checkpoints", GLOBAL,
@@ -232,10 +251,11 @@ CONTRACT: list[Use] = [
     # --- callbacks (trainer.py, observability.py, demo.py) ------------------------------------------------------
     Use(CALLBACK, "on_step_end", METHOD, CALLBACK_PARAMS, "trainer._StageEnd, observability.StepTimerCallback"),
     Use(CALLBACK, "on_train_end", METHOD, CALLBACK_PARAMS, "observability.SaveFinalState, trainer (stages)"),
-    Use(CALLBACK, "on_log", METHOD, CALLBACK_PARAMS, "demo.StepPrinter, demo.SFTProgress (read logs=)"),
+    Use(CALLBACK, "on_log", METHOD, CALLBACK_PARAMS, "console.StepPrinter, demo.SFTProgress (read logs=)"),
     Use(CALLBACK, "on_pre_optimizer_step", METHOD, CALLBACK_PARAMS, "observability.StepTimerCallback"),
     Use(CALLBACK, "on_optimizer_step", METHOD, CALLBACK_PARAMS, "observability.StepTimerCallback"),
-    Use(CALLBACK, "on_train_begin", METHOD, CALLBACK_PARAMS, "demo.StepPrinter"),
+    Use(CALLBACK, "on_train_begin", METHOD, CALLBACK_PARAMS,
+        "observability.StepTimerCallback; observability.PromptFormatCheck (reads processing_class=, train_dataloader=)"),
 ]
 
 

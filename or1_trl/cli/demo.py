@@ -54,12 +54,15 @@ def demo_parser(prog: str | None = "or1-trl demo"):
 
 def demo(argv: list[str] | None = None, prog: str | None = "or1-trl demo") -> None:
     """The offline demo: the tiny model (SFT warm-up, then MAGIC on small additions), or `--model smollm2`."""
+    from .console import quiet_deprecations
+
     (args,) = parse_command(demo_parser(prog), argv)
-    if args.model == "tiny":
-        from .demo_run import demo as run
+    with quiet_deprecations():  # transformers' `gradient_checkpointing` FutureWarnings, raised by TRL at every step
+        if args.model == "tiny":
+            from .demo_run import demo as run
 
-        run(args.output_dir, args.seed, args.max_steps, args.sft_steps)
-    else:
-        from .real_demo import run_real_demo
+            run(args.output_dir, args.seed, args.max_steps, args.sft_steps)
+        else:
+            from .real_demo import run_real_demo
 
-        run_real_demo(args.model, args.output_dir, args.seed, args.max_steps, args.generation)
+            run_real_demo(args.model, args.output_dir, args.seed, args.max_steps, args.generation)

@@ -5,8 +5,8 @@
 3. `OR1Trainer` with the MAGIC defaults (rejection sampling, adaptive entropy control, token-level loss, τ = 1.0)
    trains against the paper's Math-Verify reward (`or1_trl.rewards.math_reward`). Only the learning rate is raised: the paper's 1e-6 is for 7B models.
 
-The demo starts over in its own output directory every time it runs, and says so (`mark_demo_dir`): what an
-earlier demo left there is replaced (`OR1Config.overwrite_output_dir`), unlike `or1-trl train`, which refuses an
+The demo starts over in its own output directory every time it runs, and says so when an earlier demo's run is
+there (`mark_demo_dir`): it is replaced (`OR1Config.overwrite_output_dir`), unlike `or1-trl train`, which refuses an
 output directory holding a previous run. A directory holding a run that is not the demo's is refused
 (`check_demo_dir`).
 
@@ -24,6 +24,8 @@ import random
 from datasets import Dataset
 from transformers import PrinterCallback, TrainerCallback
 
+from .console import StepPrinter  # the per-step line `or1-trl train` prints too
+
 PROMPT = "Q: {a}+{b}=? A:"
 DEMO_MARK = "or1_demo.json"  # written into the demo's output directory: the demo may start over there
 
@@ -39,29 +41,6 @@ def addition_dataset(n: int, seed: int = 0, max_operand: int = 5) -> Dataset:
             "answer": [str(a + b) for a, b in pairs],
         }
     )
-
-
-class StepPrinter(TrainerCallback):
-    """Prints one line per logged step: reward, entropy, entropy coefficient, kept-group fraction."""
-
-    def __init__(self):
-        self.rewards: list[float] = []
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "reward" not in logs:
-            return
-        self.rewards.append(logs["reward"])
-        if state.is_world_process_zero:
-
-            def show(key: str, digits: int) -> str:  # a metric is None when nothing was measured (all rejected)
-                value = logs.get(key)
-                return "   -  " if value is None else f"{value:.{digits}f}"
-
-            print(
-                f"step {state.global_step:3d} | reward {show('reward', 3)} | entropy {show('entropy', 3)}"
-                f" | entropy_coef {show('entropy_coef', 4)} | kept_groups {show('rejection/kept_group_frac', 2)}",
-                flush=True,
-            )
 
 
 class SFTProgress(TrainerCallback):
@@ -123,6 +102,7 @@ def demo_model_and_data(sft_output_dir: str, sft_steps: int = 60, seed: int = 0)
 
     set_seed(seed)
     model, tokenizer = tiny_model_and_tokenizer(seed=seed)
+    tokenizer.chat_template = None  # it reads raw text: its prompts are strings, as its warm-up writes them
     train = addition_dataset(2000, seed=seed)
     model = warm_up(model, tokenizer, train, sft_output_dir, sft_steps, seed, progress=True)
     return model, tokenizer, train.remove_columns("completion")
@@ -143,11 +123,16 @@ def check_demo_dir(output_dir: str) -> None:
 
 
 def mark_demo_dir(output_dir: str) -> None:
-    """Mark `output_dir` as the demo's (main process) and say that the demo starts over there."""
+    """Mark `output_dir` as the demo's (main process); when an earlier demo's run is there (`previous_run`), say that
+    the demo starts over (a first run says nothing)."""
+    from ..trainer.checkpoint import previous_run
+
+    replaced = previous_run(output_dir)
     os.makedirs(output_dir, exist_ok=True)
     with open(os.path.join(output_dir, DEMO_MARK), "w") as f:
         json.dump({"written_by": "or1-trl demo"}, f)
-    print(f"Starting over in {output_dir}: each demo run replaces the previous one there.", flush=True)
+    if replaced:
+        print(f"Starting over in {output_dir}: each demo run replaces the previous one there.", flush=True)
 
 
 def run_demo(output_dir: str = "outputs/or1-demo", sft_steps: int = 60, seed: int = 0, reward_func=None, **overrides):

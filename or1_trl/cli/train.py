@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ..data.released import REWARD_COLUMNS
 from .run import TRL_REWARD_NAMES
+from .console import console_output, stop_on_interrupt
 from .parsing import command_parser, failure_line, hide_flag_value, input_errors, parse_command
 
 
@@ -33,6 +34,13 @@ class ScriptArguments:
                   "'code+code+math' as its released 7B/32B scripts mix them."},
     )
     prompt_column: str = field(default="prompt", metadata={"help": "Column holding the prompt."})
+    chat_prompts: bool = field(
+        default=False,
+        metadata={"help": "Send each string prompt as one user turn ([{'role': 'user', 'content': prompt}]) through "
+                  "the tokenizer's chat template, as `or1-trl eval` does (an instruct model's input); conversations are "
+                  "sent as they are. Without it, TRL sends a string prompt as raw text (a base model's input), and a "
+                  "warning says so when the tokenizer has a chat template."},
+    )
     answer_column: str | None = field(
         default=None,
         metadata={
@@ -100,12 +108,17 @@ def train_parser(prog: str | None = "or1-trl train"):
 
     from ..trainer.or1_config import OR1Config
 
-    return command_parser(
+    parser = command_parser(
         (ScriptArguments, OR1Config, ModelConfig), prog,
-        "Train with the Skywork-OR1 (MAGIC) recipe: OR1Trainer = TRL's GRPOTrainer + the paper.",
+        "Train with the Skywork-OR1 (MAGIC) recipe: OR1Trainer = TRL's GRPOTrainer + the paper. The options come in "
+        "groups: the data and rewards, OR1's by paper section, then TRL's model (ModelConfig), GRPO and Trainer "
+        "settings as their docstrings group them. Every --flag_name is also --flag-name.",
         epilog="--config RECIPE.yaml sets any of these flags from a YAML file (flags given here win); see "
         "examples/recipes/. Run with `accelerate launch examples/train_or1.py ...` for several processes.",
+        usage="%(prog)s [-h] [--config RECIPE.yaml] [--model_name_or_path M --dataset_name D] [--FLAG VALUE ...]",
     )
+    parser.set_defaults(logging_steps=1)  # one line per step (`console.StepPrinter`); TRL's default logs every 10th
+    return parser
 
 
 def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> None:
@@ -118,7 +131,8 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
     script_args, training_args, model_args = parse_command(parser, argv)
     # The server's key lives in `training_args` only: not in the command line W&B records (`OR1Config` never saves it).
     hide_flag_value("--vllm_server_api_key", API_KEY_PLACEHOLDER)
-    with input_errors(parser):  # the rewards, the model path, output_dir, the dataset: before the model trains
+    # The rewards, the model path, output_dir, the dataset: before the model trains. Ctrl-C: one line, exit 130.
+    with stop_on_interrupt(parser), input_errors(parser), console_output(training_args):
         trainer = build_trainer(script_args, training_args, model_args)
-    with failure_line(parser, DiskFullError):  # a full disk while saving: its one line, exit 1
-        train_and_save(trainer, script_args.dataset_name)
+    with stop_on_interrupt(parser, trainer), failure_line(parser, DiskFullError), console_output(training_args, trainer):
+        train_and_save(trainer, script_args.dataset_name)  # a full disk while saving: its one line, exit 1

@@ -7,7 +7,7 @@ and the first rows. TRL passes every dataset column to the reward functions as a
 column would otherwise surface only after the first generation, deep inside the reward call, and a gold of the wrong
 type (a dict) would be scored as its text: 0 for every sample, silently. Once the tokenizer is known,
 `check_prompts_fit` / `check_prompt_lengths` compare the prompts with the context (TRL 1.16 does not truncate
-prompts).
+prompts), and `plain_prompts_problem` says when string prompts will skip the tokenizer's chat template.
 """
 
 from __future__ import annotations
@@ -174,3 +174,41 @@ def check_prompts_fit(train_dataset, eval_dataset, tokenize, text_config, comple
             message = str(exc)
         if message:
             warn(message)
+
+
+def _user_turn_opening(tokenizer) -> str | None:
+    """What the chat template writes just before a user turn's text (e.g. `<|im_start|>user`), or None without a
+    template (or one that cannot render a lone user turn)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    mark = "\x00OR1\x00"
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": mark}], tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - a template that needs more than a user turn: nothing to compare with
+        return None
+    opening = text.split(mark)[0].rstrip()
+    return opening.splitlines()[-1].strip() if opening.strip() else None
+
+
+def plain_prompts_problem(dataset, tokenizer) -> str | None:
+    """Why string prompts skip the chat template of `tokenizer`, or None: TRL sends a string prompt as raw text, so
+    an instruct model sees no user turn (it may answer its end-of-turn token at once), while `or1-trl eval` sends it
+    as one. None when the first prompt is a conversation, the tokenizer has no chat template, the prompt already
+    holds the template's user-turn opening (rendered by hand), or the dataset cannot be indexed."""
+    try:
+        prompt = dataset[0]["prompt"]
+    except (TypeError, KeyError, IndexError, AttributeError, NotImplementedError):
+        return None
+    opening = _user_turn_opening(tokenizer)
+    if not isinstance(prompt, str) or opening is None or opening in prompt:
+        return None
+    return (
+        f"The prompts are plain strings (the first: {prompt[:60]!r}) and the tokenizer has a chat template: TRL sends a "
+        "string prompt as raw text, without the template, so an instruct model sees no user turn (it may answer its "
+        "end-of-turn token at once: 1-token completions, rewards near 0); `or1-trl eval` sends it as a user turn. "
+        "To train on the template: conversational prompts, [{'role': 'user', 'content': prompt}] "
+        "(dataset.map(lambda row: {'prompt': [{'role': 'user', 'content': row['prompt']}]})), or `or1-trl train "
+        "--chat_prompts true`, which wraps each string prompt so. Raw text on purpose (a base model)? Then evaluate "
+        "with `or1-trl eval --no_chat_template`."
+    )

@@ -39,6 +39,10 @@ import numpy as np
 
 #: The instruction appended to each problem (DeepSeek-R1's recommendation for math, the paper's base models).
 DEFAULT_PROMPT_TEMPLATE = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+#: The user turn of a training-format file's problem (`is_training_format`): its prompt as training saw it.
+TRAINING_TEMPLATE = "{problem}"
+#: Completion tokens (the paper's budget, §8.1).
+DEFAULT_MAX_TOKENS = 32768
 SUMMARY_JSON = "eval_summary.json"
 SUMMARY_MD = "eval_summary.md"
 
@@ -250,23 +254,59 @@ def check_benchmark_spec(spec: str) -> None:
         raise ValueError(f"benchmark file {spec!r} does not exist")
 
 
-def load_problems(spec: str, problem_column: str | None = None, answer_column: str | None = None,
-                  id_column: str | None = None) -> list[Problem]:
-    """The problems of a named benchmark (from the Hub) or of a local file. Missing columns: a `ValueError` naming them."""
+def _load_benchmark(spec: str):
     from ..data.loading import load_data
 
     check_benchmark_spec(spec)
     try:  # offline and not cached, an empty or unreadable file: one line naming the benchmark
-        dataset = load_data(BENCHMARKS[spec].hub_id if spec in BENCHMARKS else spec,
-                            split=BENCHMARKS[spec].split if spec in BENCHMARKS else "train")
+        return load_data(BENCHMARKS[spec].hub_id if spec in BENCHMARKS else spec,
+                         split=BENCHMARKS[spec].split if spec in BENCHMARKS else "train")
     except ValueError as exc:
         raise ValueError(f"benchmark {spec!r}: {exc}") from exc
+
+
+def is_training_format(spec: str, problem_column: str | None = None) -> bool:
+    """Whether `spec` is a local file in the format `or1-trl train` reads — a `prompt` column and no `problem` one
+    (prompt/answer rows, or the released (verl) format with its gold in `reward_model.ground_truth`) — with no
+    `problem_column` named: `load_problems` then takes the prompts as they are, and `or1-trl eval` adds no
+    instruction to them (`TRAINING_TEMPLATE`)."""
+    if spec in BENCHMARKS or problem_column is not None:
+        return False
+    columns = _load_benchmark(spec).column_names
+    return "problem" not in columns and "prompt" in columns
+
+
+def _golds(dataset, spec: str, answer_column: str | None):
+    """The gold column of a training-format file: `answer_column`, else `answer`, else the released format's
+    `reward_model.ground_truth` (math rows only: `or1-trl eval` scores with `math_reward`)."""
+    from ..data.released import is_verl_format, math_golds
+
+    if answer_column is not None or not is_verl_format(dataset):
+        return answer_column or "answer"
+    abilities = set(dataset["ability"]) if "ability" in dataset.column_names else {"math"}
+    if abilities - {"math"}:
+        raise ValueError(f"benchmark {spec!r} holds {sorted(abilities - {'math'})} rows besides math: or1-trl eval scores "
+                         "math answers only (select the math split or rows)")
+    return [math_golds(row["ground_truth"]) for row in dataset["reward_model"]]
+
+
+def load_problems(spec: str, problem_column: str | None = None, answer_column: str | None = None,
+                  id_column: str | None = None) -> list[Problem]:
+    """The problems of a named benchmark (from the Hub) or of a local file; a training-format file
+    (`is_training_format`) gives its prompts and its gold answers. Missing columns: a `ValueError` naming them."""
+    training = is_training_format(spec, problem_column)
+    dataset = _load_benchmark(spec)
+    golds = None
     if spec in BENCHMARKS:
         hub = BENCHMARKS[spec]
         problem_column = problem_column or hub.problem_column
         answer_column = answer_column or hub.answer_column
         if id_column is None and hub.id_column in dataset.column_names:
             id_column = hub.id_column
+    elif training:
+        problem_column, answer_column = "prompt", _golds(dataset, spec, answer_column)
+        if not isinstance(answer_column, str):
+            golds, answer_column = answer_column, None
     else:
         problem_column, answer_column = problem_column or "problem", answer_column or "answer"
     missing = [c for c in (problem_column, answer_column, id_column) if c is not None and c not in dataset.column_names]
@@ -280,7 +320,8 @@ def load_problems(spec: str, problem_column: str | None = None, answer_column: s
     ids = [str(i) for i in (dataset[id_column] if id_column else range(len(dataset)))]
     if len(set(ids)) != len(ids):
         raise ValueError(f"benchmark {spec!r}: the ids in column {id_column!r} are not unique")
-    return [Problem(pid, p, a) for pid, p, a in zip(ids, dataset[problem_column], dataset[answer_column])]
+    golds = dataset[answer_column] if golds is None else golds
+    return [Problem(pid, p, a) for pid, p, a in zip(ids, dataset[problem_column], golds)]
 
 
 def build_prompt(problem: Any, template: str = DEFAULT_PROMPT_TEMPLATE, chat: bool = True):
@@ -341,11 +382,13 @@ def eval_scorer(reward_func, problems: Mapping[str, Problem]):
 
 
 def evaluate(backend, benchmarks: Mapping[str, Sequence[Problem]], settings, output_dir: str, model_name: str,
-             ks: Sequence[int] | None = None, reward_func=None, template: str = DEFAULT_PROMPT_TEMPLATE,
-             chat: bool = True, resamples: int = 10_000, confidence: float = 0.95, progress: bool = True) -> dict:
+             ks: Sequence[int] | None = None, reward_func=None,
+             template: str | Mapping[str, str] = DEFAULT_PROMPT_TEMPLATE, chat: bool = True, resamples: int = 10_000,
+             confidence: float = 0.95, progress: bool = True) -> dict:
     """Sample, score and summarize every benchmark; writes `<name>.jsonl`, `eval_summary.json` and `.md` to `output_dir`.
 
-    Problems already in `<name>.jsonl` (same sampling settings) are not sampled again.
+    `template`: the user turn of every benchmark, or `{benchmark name: its template}`. Problems already in
+    `<name>.jsonl` (same sampling settings) are not sampled again.
     """
     from ..files import write_json_atomic
     from ..generation.sampling import SampleStore, sample
@@ -359,7 +402,8 @@ def evaluate(backend, benchmarks: Mapping[str, Sequence[Problem]], settings, out
         summary["benchmarks"] = earlier["benchmarks"]  # benchmarks evaluated before with the same model and settings
     for name, problems in benchmarks.items():
         by_id = {p.id: p for p in problems}
-        prompts = {p.id: build_prompt(p.problem, template, chat) for p in problems}
+        filled = template if isinstance(template, str) else template[name]
+        prompts = {p.id: build_prompt(p.problem, filled, chat) for p in problems}
         with SampleStore(os.path.join(output_dir, f"{name}.jsonl"), settings) as store:
             records = sample(backend, prompts, settings, store=store, score=eval_scorer(reward_func, by_id), desc=name,
                              progress=progress)

@@ -18,6 +18,7 @@ The section sits between markers, so writing the card again (every checkpoint, `
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from collections.abc import Mapping
 
@@ -221,6 +222,22 @@ def update_eval_block(card_path: str, summary: Mapping) -> bool:
         f.write(updated)
     os.replace(tmp, card_path)
     return True
+
+
+def trained_completion_length(model: str | None) -> int | None:
+    """The completion length (tokens) a run's model was trained with, as its OR1 card (`MODEL/README.md`, written by
+    `OR1Trainer`) states it: the settings' "completion tokens", or the last stage's. None for a model without one."""
+    card = os.path.join(os.path.expanduser(model), "README.md") if model else None
+    if card is None or not os.path.isfile(card):
+        return None
+    with open(card, encoding="utf-8") as f:
+        text = f.read()
+    section = text[text.find(SECTION_START):text.find(SECTION_END)] if SECTION_START in text else ""
+    single = re.search(r"^\| completion tokens, group size \| (\d+), \d+ \|$", section, flags=re.M)
+    if single:
+        return int(single.group(1))
+    stages = re.findall(r"^\| \d+ \| \d+–\d+ \| (\d+) \|", section, flags=re.M)
+    return int(stages[-1]) if stages else None
 
 
 def eval_output_dir(model: str | None) -> str:

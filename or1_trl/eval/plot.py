@@ -13,7 +13,10 @@ paper's diagnostics:
 | `pool.png` | the prompt pool's size vs step (the online filter at stage starts); below it the group outcomes of rejection sampling (kept, solve_all, solve_none) |
 
 A figure whose metrics the run did not log (e.g. `pool.png` without a prompt pool, or a plain `GRPOTrainer` run) is
-skipped with the reason. Noisy curves are drawn thin with a moving average over them (`smooth` steps).
+skipped with the reason. Noisy curves are drawn thin with a moving average over them (`smooth` steps). A step that
+logged a metric but measured nothing (`None`, NaN, or the entropy of a step whose every group was rejected: no kept
+token, logged as 0) is a gap in its line, not a point. Steps are integers on the x axis. Curves sharing an axes each
+get their own dash pattern and marker, the earlier drawn wider, so a curve that coincides with another stays visible.
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ from dataclasses import dataclass
 STATE_FILE = "trainer_state.json"
 PHASES = ("rollout", "reward", "update", "other")
 PHASE_COLORS = {"rollout": "#4C72B0", "reward": "#DD8452", "update": "#55A868", "other": "#8C8C8C"}
+#: Metrics measured over the kept tokens: a step whose every group was rejected (`rejection/kept_group_frac` 0) logs
+#: them as 0 although it measured nothing.
+KEPT_TOKEN_METRICS = ("entropy",)
+#: The n-th curve of an axes: its dash pattern, marker and line width (the earlier drawn wider, so one on top of
+#: another leaves it visible).
+CURVE_STYLES = (("-", "o", 2.6), ("--", "s", 1.8), (":", "^", 1.6), ("-.", "D", 1.2))
 
 
 @dataclass
@@ -40,6 +49,20 @@ class Run:
         """`(steps, values)` of `key` where it was logged with a value (None/NaN left out)."""
         points = [(e["step"], e[key]) for e in self.entries if e.get(key) is not None and not _isnan(e[key])]
         return [s for s, _ in points], [v for _, v in points]
+
+    def curve(self, key: str) -> tuple[list[int], list[float]]:
+        """`(steps, values)` of `key` at every step that logged it, NaN (a gap in the line) where it measured nothing:
+        `None`, NaN, or a `KEPT_TOKEN_METRICS` value at a step whose every group was rejected."""
+        steps, values = [], []
+        for e in self.entries:
+            if key not in e:
+                continue
+            value = e[key]
+            if value is None or _isnan(value) or (key in KEPT_TOKEN_METRICS and e.get("rejection/kept_group_frac") == 0):
+                value = math.nan
+            steps.append(e["step"])
+            values.append(value)
+        return steps, values
 
     def has(self, *keys: str) -> bool:
         return all(self.series(key)[0] for key in keys)
@@ -94,13 +117,12 @@ def load_run(output_dir: str) -> Run:
 
 
 def moving_average(values: list[float], window: int) -> list[float]:
-    """Trailing mean over up to `window` values (the first points average what exists so far)."""
-    out, total = [], 0.0
+    """Trailing mean over up to `window` values (the first points average what exists so far); NaN (nothing
+    measured) stays NaN and is left out of its neighbours' means."""
+    out = []
     for i, value in enumerate(values):
-        total += value
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
+        measured = [v for v in values[max(0, i - window + 1) : i + 1] if not math.isnan(v)]
+        out.append(math.nan if math.isnan(value) else sum(measured) / len(measured))
     return out
 
 
@@ -109,15 +131,20 @@ def default_window(n: int) -> int:
     return max(1, round(n / 25)) if n >= 40 else 1
 
 
-def _curve(ax, run: Run, key: str, label: str, color: str, window: int, **style) -> None:
-    steps, values = run.series(key)
-    if not steps:
+def _curve(ax, run: Run, key: str, label: str, color: str, window: int) -> None:
+    """`key`'s curve on `ax` (gaps where nothing was measured), in the next of `CURVE_STYLES` of `ax`."""
+    if not run.series(key)[0]:
         return
+    steps, values = run.curve(key)
+    drawn = sum(1 for line in ax.lines if not line.get_label().startswith("_"))
+    linestyle, marker, width = CURVE_STYLES[drawn % len(CURVE_STYLES)]
+    style = dict(color=color, linestyle=linestyle, linewidth=width)
     if window > 1:
         ax.plot(steps, values, color=color, alpha=0.3, linewidth=0.8)
-        ax.plot(steps, moving_average(values, window), color=color, label=f"{label} (mean of {window} steps)", **style)
+        ax.plot(steps, moving_average(values, window), label=f"{label} (mean of {window} steps)", **style)
     else:
-        ax.plot(steps, values, color=color, label=label, marker="o" if len(steps) < 30 else None, markersize=3, **style)
+        ax.plot(steps, values, label=label, marker=marker if len(steps) < 30 else None, markersize=2 + 1.5 * width,
+                **style)
 
 
 def _stage_lines(axes, run: Run) -> None:
@@ -131,15 +158,19 @@ def _stage_lines(axes, run: Run) -> None:
                          textcoords="offset points", fontsize=8, ha="left", va="bottom")
 
 
-def new_figure(rows: int = 1, height: float = 4.0):
-    """A `Figure` of `rows` axes sharing the step axis, in this module's style (light grid, constrained layout)."""
+def new_figure(rows: int = 1, height: float = 4.0, steps: bool = True):
+    """A `Figure` of `rows` axes sharing x, in this module's style (light grid, constrained layout); `steps`: x is the
+    optimizer step (integer ticks only). Public for the benchmarks' plots."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(9, height * rows if rows == 1 else 3.2 * rows), layout="constrained")
     axes = fig.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
     for ax in axes:
         ax.grid(True, alpha=0.3)
-    axes[-1].set_xlabel("optimizer step")
+    if steps:
+        axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes[-1].set_xlabel("optimizer step")
     return fig, list(axes)
 
 
@@ -150,13 +181,12 @@ def entropy_figure(run: Run, window: int):
     fig, axes = new_figure(2 if controller else 1)
     ax = axes[0]
     _curve(ax, run, "entropy", "entropy of the policy, kept tokens", "#4C72B0", window)
-    steps, measured = run.series("entropy/measured")
-    _, full = run.series("entropy")
-    if steps and len(measured) == len(full) and any(abs(m - f) > 1e-6 for m, f in zip(measured, full)):
-        _curve(ax, run, "entropy/measured", "e_k the controller measured", "#937860", window, linestyle="--")
+    full = dict(zip(*run.series("entropy")))
+    if any(abs(m - full.get(s, m)) > 1e-6 for s, m in zip(*run.series("entropy/measured"))):  # estimators differ
+        _curve(ax, run, "entropy/measured", "e_k the controller measured", "#937860", window)
     steps, target = run.series("entropy/target")
     if steps:
-        ax.step(steps, target, where="mid", color="#C44E52", linestyle="--", linewidth=1.5, label="target (entropy_target)")
+        ax.step(steps, target, where="mid", color="#C44E52", linestyle="-.", linewidth=1.5, label="target (entropy_target)")
     ax.set_ylabel("entropy (nats)")
     ax.set_ylim(bottom=0)
     ax.set_title("Policy entropy vs. the adaptive controller's target (Skywork-OR1 eq. 3.2)", pad=14)
@@ -164,7 +194,7 @@ def entropy_figure(run: Run, window: int):
     if controller:
         ax = axes[1]
         _curve(ax, run, "entropy_coef", "coefficient c", "#8172B3", 1)
-        _curve(ax, run, "entropy/alpha", "α applied (c when entropy ≤ target, else 0)", "#DA8BC3", 1, linestyle="--")
+        _curve(ax, run, "entropy/alpha", "α applied (c when entropy ≤ target, else 0)", "#DA8BC3", 1)
         ax.set_ylabel("entropy coefficient")
         _, coefs = run.series("entropy_coef")
         _, alphas = run.series("entropy/alpha")
@@ -185,8 +215,7 @@ def accuracy_figure(run: Run, window: int):
     fig, (ax,) = new_figure()
     _curve(ax, run, "accuracy/all", "accuracy, all samples", "#4C72B0", window)
     _curve(ax, run, "accuracy/non_truncated", "accuracy, non-truncated samples", "#55A868", window)
-    _curve(ax, run, "completions/clipped_ratio", "truncation ratio (hit the length limit)", "#C44E52", window,
-           linestyle="--")
+    _curve(ax, run, "completions/clipped_ratio", "truncation ratio (hit the length limit)", "#C44E52", window)
     ax.set_ylim(-0.02, 1.02)
     ax.set_ylabel("fraction of samples")
     ax.set_title("Training accuracy and truncation (cf. Skywork-OR1 Fig. 6)", pad=14)
@@ -212,7 +241,7 @@ def time_split_figure(run: Run, window: int):
     bars = time_split(run)
     if not bars:
         return None, "no `time/*` metrics in the log (OR1Trainer logs them)"
-    fig, (ax,) = new_figure(height=4.5)
+    fig, (ax,) = new_figure(height=4.5, steps=False)
     ax.grid(True, axis="y", alpha=0.3)
     ax.grid(False, axis="x")
     labels = [label for label, _ in bars]

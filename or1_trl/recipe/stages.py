@@ -192,10 +192,7 @@ def stage_shapes(stages: list[Stage], args, num_processes: int) -> list[StageSha
         rows_per_micro_step=rows,
         max_tokens_per_microbatch=getattr(args, "max_tokens_per_microbatch", None),
     )
-    shapes = [stage_shape(stages, i, **run) for i in range(len(stages))]
-    if getattr(args, "deepspeed", None) and len({s.gradient_accumulation_steps for s in shapes}) > 1:
-        raise ValueError("Stages that change the gradient accumulation steps are not supported under DeepSpeed.")
-    return shapes
+    return [stage_shape(stages, i, **run) for i in range(len(stages))]
 
 
 def set_base_learning_rate(optimizer, scheduler, learning_rate: float) -> None:

@@ -11,7 +11,8 @@ like a checkpoint. The rule here:
   trainer and OR1 state, sub-folders included) with its size and a CRC-32 of its first and last MiB (the whole file
   when it is at most 2 MiB);
 - `verify(folder, required)` says what is wrong with a folder (empty list: complete): no marker, a listed or
-  required file missing, a size or a checksum that differs from the marker's;
+  required file missing, a size or a checksum that differs from the marker's; under DeepSpeed and FSDP the required
+  files include every rank's shards (`sharding.checkpoint_layout`), so a rank's missing file is caught too;
 - `resolve_resume(...)` is what `resume_from_checkpoint` resumes from: `True` takes the newest checkpoint that
   verifies, logging each newer one it skips and why; an explicit folder must verify.
 
@@ -34,6 +35,8 @@ then removes them) is given, so nothing of a previous run is deleted (by rotatio
 from __future__ import annotations
 
 import errno
+import fnmatch
+import glob
 import json
 import os
 import re
@@ -49,6 +52,7 @@ from transformers.utils import logging
 from ..files import TMP_INFIX, fsync, write_json_atomic
 from ..generation.server_health import RESYNCS_METRIC, SYNC_BYTES_METRIC, SYNC_SECONDS_METRIC, ServerDownError
 from ..recipe.prompts import PromptSchedule
+from .sharding import checkpoint_layout
 
 logger = logging.get_logger(__name__)
 
@@ -96,11 +100,12 @@ def write_state(folder: str, states: dict[str, dict], required: list[str]) -> No
     """
     for name, state in states.items():
         write_json_atomic(os.path.join(folder, name), state)
-    missing = [name for name in required if not os.path.exists(os.path.join(folder, name))]
+    present = _files(folder)
+    missing = [name for name in required if not _holds(present, name)]
     if missing:
         raise RuntimeError(f"checkpoint {folder} lacks {missing} after saving: not marking it complete")
     files = {}
-    for name in _files(folder):
+    for name in present:
         path = os.path.join(folder, name)
         fsync(path)
         files[name] = fingerprint(path)
@@ -109,6 +114,12 @@ def write_state(folder: str, states: dict[str, dict], required: list[str]) -> No
     checksum = f"crc32 of the first and last {EDGE_BYTES} bytes"
     write_json_atomic(os.path.join(folder, MARKER_FILE), {"version": MARKER_VERSION, "checksum": checksum, "files": files})
     fsync(folder)
+
+
+def _holds(names, required: str) -> bool:
+    """Whether `names` (relative paths) hold `required`: a name, or a glob pattern for sharded layouts whose folder
+    names vary (`global_step*/zero_pp_rank_1_mp_rank_00_optim_states.pt`, `sharding.checkpoint_layout`)."""
+    return required in names if not glob.has_magic(required) else any(fnmatch.fnmatchcase(n, required) for n in names)
 
 
 def read_state(folder: str, name: str) -> dict:
@@ -127,7 +138,8 @@ def verify(folder: str, required: list[str]) -> list[str]:
     if not os.path.isdir(folder):
         return [f"{folder} does not exist"]
     if not os.path.exists(os.path.join(folder, MARKER_FILE)):
-        missing = [f"{name} is missing" for name in required if not os.path.exists(os.path.join(folder, name))]
+        present = _files(folder)
+        missing = [f"{name} is missing" for name in required if not _holds(present, name)]
         return [*missing, f"{MARKER_FILE} is missing (the run stopped before the checkpoint was complete)"]
     try:
         marker = read_state(folder, MARKER_FILE)
@@ -135,7 +147,7 @@ def verify(folder: str, required: list[str]) -> list[str]:
         assert marker["version"] == MARKER_VERSION and isinstance(listed, dict)
     except (OSError, ValueError, KeyError, TypeError, AssertionError):
         return [f"{MARKER_FILE} is unreadable or from an older or1-trl (no file sizes)"]
-    problems = [f"{name} is missing" for name in required if name not in listed]
+    problems = [f"{name} is missing" for name in required if not _holds(listed, name)]
     for name, expected in listed.items():
         path = os.path.join(folder, name)
         if not os.path.isfile(path):
@@ -196,6 +208,8 @@ def resolve_resume(output_dir: str, resume_from_checkpoint: str | bool | None, r
             )
         if skipped:
             logger.warning(f"Resuming from {found}, the newest complete checkpoint.")
+        else:
+            logger.info(f"Resuming from {found} (step {_step(found)}), the newest complete checkpoint.")
         return found
     if resume_from_checkpoint:
         if not os.path.exists(resume_from_checkpoint):
@@ -207,8 +221,17 @@ def resolve_resume(output_dir: str, resume_from_checkpoint: str | bool | None, r
                 "silently reset state. Resume from an earlier checkpoint, or pass resume_from_checkpoint=True to take "
                 "the newest complete one."
             )
+        logger.info(f"Resuming from {resume_from_checkpoint} (step {_step(resume_from_checkpoint)}).")
         return resume_from_checkpoint
     return None
+
+
+def _step(folder: str) -> int | str:
+    """The step a complete checkpoint `folder` holds (its `trainer_state.json`), "?" if unreadable."""
+    try:
+        return read_state(folder, TRAINER_STATE_NAME)["global_step"]
+    except (OSError, ValueError, KeyError):
+        return "?"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -384,7 +407,7 @@ def required_files(trainer) -> list[str]:
     """Every file a checkpoint of `trainer` (an `OR1Trainer`) must hold to be resumed from."""
     schedule = PromptSchedule.STATE_FILES if trainer.prompt_schedule else ()
     entropy = [TRL_ENTROPY_STATE_FILE] if trainer.use_adaptive_entropy else []
-    return [TRAINER_STATE_NAME, OR1_STATE_FILE, *schedule, *entropy]
+    return [TRAINER_STATE_NAME, OR1_STATE_FILE, *schedule, *entropy, *checkpoint_layout(trainer.accelerator)]
 
 
 def or1_state(trainer) -> dict[str, dict]:

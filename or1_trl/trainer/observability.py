@@ -42,6 +42,9 @@ first steps is already at or below the target, so the controller holds it up fro
 
 **Skipped steps** (`SkippedStepWatch`): N consecutive optimizer steps without a trainable token (every group rejected,
 or every completion masked) — why, and what to check.
+
+**String prompts and a chat template** (`PromptFormatCheck`): when training starts, a warning if the prompts are plain
+strings while the tokenizer has a chat template (`data/preflight.plain_prompts_problem`): TRL sends them as raw text.
 """
 
 from __future__ import annotations
@@ -58,9 +61,14 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
 
+from transformers.utils import logging
+
+from ..data.preflight import plain_prompts_problem
 from ..files import write_json_atomic
 from ..recipe.entropy import StepWindow
 from .reward_checks import NonfiniteRewards
+
+logger = logging.get_logger(__name__)
 
 PHASES = ("rollout", "reward", "update", "other")
 TIMED = PHASES[:3]  # measured directly; `other` is the rest of the step
@@ -152,6 +160,21 @@ class StepTimerCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.sink(self.timer.end_step())
+
+
+class PromptFormatCheck(TrainerCallback):
+    """At the start of training (main process, once per run): the warning of `plain_prompts_problem` for the train
+    dataset and the tokenizer, before the first step generates anything."""
+
+    def __init__(self):
+        self.said = False
+
+    def on_train_begin(self, args, state, control, processing_class=None, train_dataloader=None, **kwargs):
+        if self.said or not state.is_world_process_zero or train_dataloader is None:
+            return
+        self.said = True
+        if problem := plain_prompts_problem(getattr(train_dataloader, "dataset", None), processing_class):
+            logger.warning(problem)
 
 
 class SaveFinalState(TrainerCallback):
@@ -391,8 +414,9 @@ class RunWatch:
         self.nonfinite = NonfiniteRewards()
 
     def callbacks(self, sink: Callable[[dict[str, float]], None]) -> list[TrainerCallback]:
-        """The callbacks the trainer adds: the time split into `sink` each step, and the final `trainer_state.json`."""
-        return [StepTimerCallback(self.timer, sink), SaveFinalState()]
+        """The callbacks the trainer adds: the time split into `sink` each step, the final `trainer_state.json`, and
+        the string-prompts check when training starts."""
+        return [StepTimerCallback(self.timer, sink), SaveFinalState(), PromptFormatCheck()]
 
     def end_step(self, coef: float, reduce: Callable, rollout) -> list[str]:
         """At an optimizer step's end: the entropy warnings (collapse, low start; `reduce` sums over ranks) and the

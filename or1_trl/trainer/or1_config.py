@@ -17,6 +17,7 @@ from ..recipe.entropy import ENTROPY_PRESETS
 from .logprobs import LOGPROB_BACKENDS, liger_available
 from ..recipe.loss import TOKEN_SUM_LOSSES
 from .packing import attention_problem
+from .sharding import SHARDING_FALLBACKS
 from ..paths import output_dir_problem
 from ..recipe.ranges import check_ranges
 from ..recipe.rollout_correction import DEFAULT_CAP, DEFAULT_ROLLOUT_CORRECTION, ROLLOUT_CORRECTIONS
@@ -45,6 +46,7 @@ FIELD_CHOICES = {
     "vllm_sync_peft": SYNC_PEFT_MODES,
     "logprob_backend": LOGPROB_BACKENDS,
     "nonfinite_rewards": NONFINITE_REWARD_MODES,
+    "sharding_fallback": SHARDING_FALLBACKS,
 }
 #: What `to_dict`, `str` and `or1-trl train`'s `sys.argv` show in place of `vllm_server_api_key`.
 API_KEY_PLACEHOLDER = "<VLLM_SERVER_API_KEY>"
@@ -125,6 +127,17 @@ class OR1Config(GRPOConfig):
 
         > Parameters that control the adaptive entropy (eq. 3.2)
 
+        use_adaptive_entropy (`bool`, *optional*, defaults to `True`):
+            TRL's adaptive entropy control, on (TRL's default: off): eq. 3.2 raises the coefficient c while the
+            entropy is below `entropy_target` and lowers it above.
+        entropy_target (`float` or `None`, *optional*, defaults to `None`):
+            tgt, in nats, over all kept response tokens. `None`: from `entropy_preset`.
+        entropy_coef_delta (`float` or `None`, *optional*, defaults to `None`):
+            Δ, the step of c. `None`: from `entropy_preset`.
+        entropy_coef_min (`float` or `None`, *optional*, defaults to `None`):
+            c_min. `None`: from `entropy_preset`.
+        entropy_coef_max (`float` or `None`, *optional*, defaults to `None`):
+            c_max. `None`: from `entropy_preset`.
         entropy_preset (`str`, *optional*, defaults to `"paper"`):
             Fills `entropy_target`, `entropy_coef_delta`, `entropy_coef_min` and `entropy_coef_max` where they are
             left unset: `"paper"` (tgt 0.2, Δ 0.005, c ∈ [0, 1]; equal to TRL's defaults) or `"released"` (the
@@ -180,7 +193,7 @@ class OR1Config(GRPOConfig):
             `vllm_importance_sampling_*` fields exactly as set; its default masks sequences by exp(Σ_t log r_t),
             which grows with the length). Our two modes set TRL's fields so that TRL computes the trainer's log-probs
             of the rollout (`vllm_importance_sampling_correction=True`, `"token_truncate"`, clip_max c); `"off"` turns
-            TRL's correction off. The default is chosen by `benchmarks/rollout_correction.py` (README).
+            TRL's correction off. The default is chosen by `benchmarks/rollout_correction.py` (docs/benchmarks.md).
         rollout_correction_cap (`float`, *optional*, defaults to `2.0`):
             c > 1: the per-token truncation cap and the geometric mask's bound [1/c, c].
         async_generation (`bool`, *optional*, defaults to `False`):
@@ -245,15 +258,27 @@ class OR1Config(GRPOConfig):
             Forward the log-prob passes (policy, old policy, reference) without padding (`or1_trl/trainer/packing.py`): the
             rows' real tokens end to end in packed rows, `position_ids` restarting per sequence (transformers'
             block-diagonal mask); the per-token results go back to TRL's padded layout, so the loss and metrics are
-            unchanged. Text-only, attention `"sdpa"`, `"eager"` or flash-attention, DDP or a single process.
+            unchanged. Text-only, attention `"sdpa"`, `"eager"` or flash-attention; one process, DDP, DeepSpeed ZeRO
+            or FSDP2 (under ZeRO-3 and FSDP every rank runs as many forwards; under ZeRO-3 they are not checkpointed).
         max_tokens_per_microbatch (`int` or `None`, *optional*, defaults to `None`):
             With `padding_free`: at most this many token slots per forward (a sequence longer gets a forward of its
             own); every forward but the last is activation-checkpointed, so the policy pass's activation memory is set
             by this budget, not by the micro-batch's rows × length (one more forward of those tokens). `None`: one
             forward per micro-batch. A stage may set its own (`stages[i].max_tokens_per_microbatch`).
+        sharding_fallback (`str`, *optional*, defaults to `"error"`):
+            When the launch asked for DeepSpeed or FSDP (accelerate's config, or `deepspeed` / `fsdp`) and the trainer
+            got something else — accelerate runs `fsdp2.yaml` as DDP on CPUs — one line says what was asked, what was
+            obtained and why: `"error"` stops there, before training; `"allow"` warns and trains with what was
+            obtained (`or1_trl/trainer/sharding.py`).
 
-        > Parameters that control the checks on prompts, rewards and the output directory
+        > Parameters that control the output directory, resuming, and the checks on prompts and rewards
 
+        output_dir (`str`, *optional*, defaults to `"trainer_output"`):
+            Where the checkpoints (`checkpoint-N`), the per-prompt statistics (`prompt_stats.jsonl`) and the final
+            model go; it must exist or be creatable, and be writable (checked before anything loads).
+        resume_from_checkpoint (`str` or `None`, *optional*, defaults to `None`):
+            `or1-trl train --resume_from_checkpoint true` continues the run in `output_dir` from its newest complete
+            checkpoint (a folder: from that one, which must be complete; `or1_trl/trainer/checkpoint.py`).
         max_prompt_length (`int` or `None`, *optional*, defaults to `None`):
             TRL 1.16 generates from whole prompts. `None`: a prompt longer than the context leaves after
             `max_completion_length` (the model's `max_position_embeddings`, or `vllm_max_model_length`) is an error
@@ -438,15 +463,18 @@ class OR1Config(GRPOConfig):
     padding_free: bool = field(
         default=False,
         metadata={"help": "Forward the log-prob passes without padding: rows packed end to end, position_ids restarting "
-                  "per sequence (text-only; sdpa, eager or flash attention; DDP or one process)."},
+                  "per sequence (text-only; sdpa, eager or flash attention)."},
     )
     max_tokens_per_microbatch: int | None = field(
         default=None,
         metadata={"help": "With padding_free: token slots per packed forward at most (a longer sequence gets its own); "
                   "forwards but the last are checkpointed, so this bounds the activation memory. None: one forward."},
     )
+    sharding_fallback: str = choice_field("error", SHARDING_FALLBACKS, help=(
+        "The launch asked for DeepSpeed or FSDP and the trainer got something else (accelerate runs FSDP as DDP on "
+        "CPUs): 'error' (stop with one line saying what was asked, obtained and why) or 'allow' (warn, train)."))
 
-    # Parameters that control the checks on prompts, rewards and the output directory
+    # Parameters that control the output directory, resuming, and the checks on prompts and rewards
     max_prompt_length: int | None = field(
         default=None,
         metadata={
@@ -476,6 +504,7 @@ class OR1Config(GRPOConfig):
         self._apply_entropy_preset()
         self._apply_stages()
         self._default_bf16_off_without_cuda()
+        self._activation_checkpointing_from_trls_name()
         super().__post_init__()
         self._apply_weight_sync()
         self._apply_rollout_correction()
@@ -536,6 +565,16 @@ class OR1Config(GRPOConfig):
             return
         self.bf16 = False
         logger.warning("No CUDA GPU: OR1Config trains in 32-bit (bf16=False); set bf16 explicitly to choose.")
+
+    def _activation_checkpointing_from_trls_name(self):
+        """TRL's configs set `gradient_checkpointing` (default `True`), the name transformers 5 deprecates for
+        `activation_checkpointing`, so transformers warns at every config though nobody chose the old name. Where the
+        new names are unset, they take the old ones' values here — what transformers' own resolution does, without
+        its FutureWarning."""
+        for old, new in (("gradient_checkpointing", "activation_checkpointing"),
+                         ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+            if getattr(self, new, None) is None and getattr(self, old) is not None:
+                setattr(self, new, getattr(self, old))
 
     def _apply_weight_sync(self):
         if self.vllm_weight_sync is None:

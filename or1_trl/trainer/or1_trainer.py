@@ -23,14 +23,15 @@ One step k = one generation batch, on-policy; each hook wraps TRL's (super(), th
 4. `_get_per_token_logps_and_entropies`: keeps TRL's policy pass for the entropy term (`logprob_backend="liger"`
    binds Liger's kernel into the fused head of this trainer's models, `trainer/logprobs.py`); with `padding_free`,
    every pass forwards the rows packed without padding (`trainer/packing.py`).
-5. `training_step`: a step with no trainable token on any rank skips the optimizer update (counted, warned about);
-   with `_generate`, `_calculate_rewards` and `_prepare_inputs` it times the step's phases
-   (`trainer/observability.RunWatch`). With `async_generation`, `_generate` and `get_batch_samples` hand the
-   one-step-off rollouts to `generation/overlap.OverlappedRollouts`.
+5. `training_step`: a step with no trainable token on any rank has its update skipped as if it had not happened
+   (`trainer/sharding.py`; counted, warned about); with `_generate`, `_calculate_rewards` and `_prepare_inputs` it
+   times the step's phases (`trainer/observability.RunWatch`). With `async_generation`, `_generate` and
+   `get_batch_samples` hand the one-step-off rollouts to `generation/overlap.OverlappedRollouts`.
 
 Patches, each scoped and commented where it is made: `vllm_generation.generation_backend` (a TRL module name, during
 `GRPOTrainer.__init__`), and this trainer's own `callback_handler.on_train_end` (`train`: `stage_loop_end`),
-`args.save_total_limit` (`_save_checkpoint`: `checkpoint.save_complete`) and `accelerator.gather` (`_compute_loss`).
+`args.save_total_limit` (`_save_checkpoint`: `checkpoint.save_complete`), `accelerator.gather` (`_compute_loss`) and,
+for a skipped update, its accelerator's `sync_gradients` and optimizer's skip flag (`sharding.UpdateSkip`).
 
 With every OR1 feature off (`rejection_sampling="off"`, `use_adaptive_entropy=False`, `entropy_coef=0`,
 `logprob_backend="trl"`, `rollout_correction="trl"`) or with a plain `GRPOConfig`, the trainer is `GRPOTrainer` unchanged.
@@ -64,11 +65,11 @@ from ..recipe.prompts import PromptSchedule
 from ..recipe.rejection import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY, count_kept, loss_mask, reject, row_gathers_padded
 from ..recipe.rollout import Rollout, row_facts, scalar_rewards
 from ..recipe.rollout_correction import RolloutCorrection
-from . import checkpoint
+from . import checkpoint, sharding
 from .logprobs import resolve_logprob_backend, use_logprob_backend
 from .observability import RunWatch, accuracy_metrics, stage_loop_end
 from .or1_config import OR1Config, check_liger_layer_kernels
-from .packing import attention_problem, check_packable, packed_pass, sharding_problem
+from .packing import attention_problem, check_packable, packed_pass
 from .reward_checks import record_abstentions, screen_rewards
 
 logger = logging.get_logger(__name__)
@@ -150,12 +151,11 @@ class OR1Trainer(GRPOTrainer):
         self.prompt_schedule, train_dataset = prompt_schedule(args, train_dataset)
         self._stages = stages.StageRun(args.stage_list if is_or1 else [], args, args.world_size,
                                        len(self.prompt_pool) if self.prompt_schedule else 0)
+        sharding.check_before_loading(args, self._stages.shapes)  # what DeepSpeed cannot run
         # vLLM server mode: TRL's NCCL weight transfer, or safetensors through a shared directory (disk_sync.py).
         # Process-wide: the module-level name TRL builds its backend by is swapped during this call only.
         with generation_backend(args) if is_or1 else nullcontext():
             super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *rest, **kwargs)
-        if _or1(args, "padding_free") and (problem := sharding_problem(self.accelerator.distributed_type)):
-            raise ValueError(problem)
         if is_or1:
             policy = self.accelerator.unwrap_model(self.model)
             self.logprob_backend, why = resolve_logprob_backend(args.logprob_backend, policy, self.accelerator.device)
@@ -163,6 +163,7 @@ class OR1Trainer(GRPOTrainer):
             self._use_logprob_backend()
         self._check_prompt_lengths()
         self._watch = RunWatch(args, is_or1)  # the time split, final trainer_state.json, entropy and skip warnings
+        self.update_skip = sharding.attach(self)  # the backend asked for, or one line; skipped updates (`sharding.py`)
         for callback in self._watch.callbacks(self._log_metrics):
             self.add_callback(callback)
         self._rollout_correction = RolloutCorrection.for_config(args) if is_or1 and self.use_vllm else None
@@ -330,6 +331,8 @@ class OR1Trainer(GRPOTrainer):
             old_logps = inputs.get("old_per_token_logps")
             self._update_entropy_controller(logps.detach() if old_logps is None else old_logps, entropies, mask)
         self._log_loss_metrics(mode, out.policy_loss, alpha, entropies, mask)
+        if mode == "train" and self._rollout.skip_update and self.accelerator.sync_gradients:
+            self.update_skip.skip()  # the backward of zero-weight rows keeps ranks in step; the update is skipped
         return out.loss
 
     def _update_entropy_controller(self, old_logps, entropies, mask):
@@ -362,14 +365,10 @@ class OR1Trainer(GRPOTrainer):
     def training_step(self, model, inputs, num_items_in_batch):
         with self._watch.timer.phase("update"):
             loss = super().training_step(model, inputs, num_items_in_batch)
-        rollout = self._rollout
-        if rollout.skip_update and self.accelerator.sync_gradients:
-            # No trainable token: the backward passes ran with weight 0 (keeping ranks in step); the optimizer skips
-            # parameters whose grad is None, so neither Adam's momentum nor weight decay moves the weights.
-            model.zero_grad(set_to_none=True)
-            self.or1_skipped_steps += 1
-        if self.accelerator.sync_gradients and self._or1_loss_enabled:
-            self._metrics["train"]["skipped_steps"].append(float(self.or1_skipped_steps))
+        rollout, skipped = self._rollout, self.update_skip.skipping  # no trainable token: no update (`sharding.py`)
+        self.or1_skipped_steps += skipped
+        if (self.accelerator.sync_gradients or skipped) and self._or1_loss_enabled:
+            self._metrics["train"]["skipped_steps"] = [float(self.or1_skipped_steps)]  # a count: never averaged
             self._metrics["train"]["entropy/target"].append(self.entropy_controller.target)
             self._warn(*self._watch.end_step(self.entropy_controller.coef, self._sum_over_ranks, rollout))
         return loss
@@ -448,6 +447,7 @@ class OR1Trainer(GRPOTrainer):
     def _enter_stage(self, index: int) -> None:
         """Make stage `index` current: the schedule's stage entry (online filter), then TRL's settings for its shape."""
         shape = self._stages.enter(index)
+        sharding.enter_stage(self, shape)  # DeepSpeed: an engine built for the stage's batch shape
         self.prompt_schedule.enter_stage(index, shape.start_step, shape.batch_size, self.args.online_filter_threshold,
                                          self.args.online_filter_unsolved_after, warn=self._warn)
         if stages.apply_to_trainer(self, shape):  # log-probs are taken at the sampling temperature: re-patch the head

@@ -114,6 +114,8 @@ def packed_logps_and_entropies(
     compute_entropy: bool,
     one_row: bool = False,
     recomputed_forward: Callable[[Pack], tuple[torch.Tensor, torch.Tensor | None]] | None = None,
+    forwards: Callable[[int], int] | None = None,
+    recompute: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """Per-token log-probs (and entropies) of the completions, `[B, C]` as TRL's padded pass returns them (0 at
     padding), from the forwards `plan_forwards` lays out; and the number of token slots the forwards computed.
@@ -122,19 +124,29 @@ def packed_logps_and_entropies(
     With gradients on and more than one forward, every forward but the last runs through `recomputed_forward`
     (default `forward`) under activation checkpointing: its activations are recomputed during the backward, one
     forward's at a time, so the budget bounds the activation memory of the whole micro-batch, not of each forward only.
+
+    `forwards(n)` (ZeRO-3, FSDP: every forward gathers the parameters, a collective) takes this rank's number of
+    forwards and returns how many to run, the same on every rank: the missing ones forward the first row again and
+    enter the result with weight 0 (their backward runs too), just before the last forward. `recompute=False` (ZeRO-3)
+    keeps every forward's activations until the backward instead of checkpointing them.
     """
     batch, width = input_ids.shape  # [B, L]
     plan = plan_forwards(attention_mask.sum(dim=1).tolist(), budget, one_row)
-    checkpointed = torch.is_grad_enabled() and len(plan) > 1
-    out_logps, out_entropies, sources, slots = [], [], [], 0
+    extra = (forwards(len(plan)) if forwards else len(plan)) - len(plan)
+    plan = plan[:-1] + [None] * extra + plan[-1:]  # None: a zero-weight forward of row 0, keeping ranks in step
+    checkpointed = recompute and torch.is_grad_enabled() and len(plan) > 1
+    out_logps, out_entropies, sources, slots, idle = [], [], [], 0, []
     for number, rows in enumerate(plan):
-        pack = build_pack(input_ids, attention_mask, rows, logits_to_keep)
+        pack = build_pack(input_ids, attention_mask, rows or [[0]], logits_to_keep)
         if checkpointed and number < len(plan) - 1:
             pack_logps, pack_entropies = torch.utils.checkpoint.checkpoint(
                 recomputed_forward or forward, pack, use_reentrant=False)
         else:
             pack_logps, pack_entropies = forward(pack)  # [k, W]
         slots += pack.input_ids.numel()
+        if rows is None:
+            idle.append(pack_logps.sum() + (pack_entropies.sum() if compute_entropy else 0.0))
+            continue
         sources.append(pack.source)
         out_logps.append(pack_logps[pack.real])  # [n]
         if compute_entropy:
@@ -142,6 +154,8 @@ def packed_logps_and_entropies(
     # Scatter with index_put (differentiable): each packed token back to its padded slot.
     source = torch.cat(sources)  # [N_total]
     values = torch.cat(out_logps)
+    if idle:  # the zero-weight forwards join the graph (their backward gathers like the others')
+        values = values + 0.0 * torch.stack(idle).sum()
     logps = values.new_zeros(batch * width).index_put((source,), values).view(batch, width)[:, -logits_to_keep:]
     entropies = None
     if compute_entropy:
@@ -179,14 +193,20 @@ def attention_problem(attention: str | None) -> str | None:
             f"attn_implementation={attention!r}: choose one of them or set padding_free=False.")
 
 
-def sharding_problem(distributed_type) -> str | None:
-    """Why `padding_free=True` cannot run under this accelerate distributed type (`None`: it can). The packed
-    forwards but the last call the unwrapped model, which DeepSpeed and FSDP shard."""
-    name = getattr(distributed_type, "value", str(distributed_type))
-    if name in ("DEEPSPEED", "FSDP"):
-        return (f"padding_free=True runs with DDP or a single process; this run uses {name}: set padding_free=False "
-                "or launch with DDP.")
-    return None
+def _zero3(accelerator) -> bool:
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    return plugin is not None and plugin.zero_stage == 3
+
+
+def same_forward_count(accelerator) -> Callable[[int], int] | None:
+    """Under ZeRO-3 and FSDP every forward gathers the sharded parameters (a collective), so every rank must run as
+    many forwards per pass: `n -> the largest n over the ranks`. `None` where forwards need no collective (one process,
+    DDP, ZeRO-1/2: the parameters are whole on each rank)."""
+    from accelerate.utils import DistributedType
+
+    if accelerator.num_processes == 1 or not (accelerator.distributed_type == DistributedType.FSDP or _zero3(accelerator)):
+        return None
+    return lambda count: int(accelerator.gather(torch.tensor([count], device=accelerator.device)).max())
 
 
 def check_packable(compute_aux_loss: bool, multimodal: dict) -> None:
@@ -202,11 +222,14 @@ def check_packable(compute_aux_loss: bool, multimodal: dict) -> None:
 def packed_pass(model, accelerator, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                 budget: int | None, compute_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """One pass of `OR1Trainer` (policy, old policy or reference) packed under `budget` tokens per forward:
-    `packed_logps_and_entropies` through the fused head. Forwards but the last go around DDP's wrapper (checkpointed:
-    recomputed in the backward), so each rank runs one wrapped forward per policy pass, whatever its number of
-    forwards."""
+    `packed_logps_and_entropies` through the fused head. Forwards but the last go around DDP's (or DeepSpeed's)
+    wrapper, checkpointed (recomputed in the backward), so each rank runs one wrapped forward per policy pass, whatever
+    its number of forwards. Under ZeRO-3 and FSDP every rank runs as many forwards (`same_forward_count`); under ZeRO-3
+    they are not checkpointed: TRL's fused head gathers its weight in the backward only if it is the ZeRO parameter,
+    which a recomputed forward's saved weight is not."""
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=True)
     return packed_logps_and_entropies(
         fused_head_forward(model if torch.is_grad_enabled() else unwrapped, accelerator.autocast),
         input_ids, attention_mask, logits_to_keep, budget, compute_entropy,
-        one_row_per_forward(unwrapped.config._attn_implementation), fused_head_forward(unwrapped, accelerator.autocast))
+        one_row_per_forward(unwrapped.config._attn_implementation), fused_head_forward(unwrapped, accelerator.autocast),
+        same_forward_count(accelerator), recompute=not _zero3(accelerator))

@@ -12,7 +12,7 @@ import pytest
 from trl import ModelConfig, TrlParser
 
 from or1_trl import OR1Config
-from or1_trl.cli import COMMANDS, ScriptArguments, model_path_problem, parse_command
+from or1_trl.cli import COMMANDS, ScriptArguments, model_path_problem, parse_command, train_parser
 from or1_trl.testing import save_tiny_model
 from ..helpers import ENV, RECIPES, ROOT, TINY, exit_code
 
@@ -140,6 +140,51 @@ def test_train_help_shows_the_training_flags(capsys):
                  "--entropy_target", "--rejection_sampling", "--learning_rate", "--use_peft"):
         assert flag in out, flag
     assert "--config RECIPE.yaml sets any of these flags from a YAML file" in " ".join(out.split())
+
+
+def help_groups(text: str) -> dict[str, list[str]]:
+    """`{group title: [its flags]}` of an argparse `--help`, in order."""
+    groups, title = {}, None
+    for line in text.splitlines():
+        if re.fullmatch(r"\S.*:", line):
+            title = line[:-1]
+            groups[title] = []
+        elif title and (match := re.match(r"  (-[-\w]+)", line)):
+            groups[title].append(match.group(1))
+    return groups
+
+
+def test_train_help_groups_the_flags_ours_first_by_paper_section(capsys):
+    """`or1-trl train --help` lists its ~260 flags in groups, as the config docstrings group them: the data
+    (ScriptArguments), OR1Config's sections in its docstring's order (the paper's), TRL's ModelConfig, then GRPOConfig's
+    and TrainingArguments' sections; each flag once (not also as its --dashed-alias, which still parses)."""
+    from or1_trl.cli.parsing import docstring_sections
+
+    code, out, _ = exit_code(capsys, "train", "--help")
+    assert code == 0 and out.startswith("usage: or1-trl train [-h] [--config RECIPE.yaml]")
+    groups = help_groups(out)
+    titles = list(groups)
+    assert titles[:2] == ["options", "ScriptArguments"] and groups["options"] == ["-h"]
+    or1_sections = list(dict.fromkeys(v for v in docstring_sections(OR1Config).values() if v))
+    assert titles[2:2 + len(or1_sections)] == [f"OR1Config: {section}" for section in or1_sections]
+    assert or1_sections[:2] == ["rejection sampling (§3.1)", "the adaptive entropy (eq. 3.2)"]
+    assert titles[2 + len(or1_sections)] == "ModelConfig (TRL)"
+    rest = titles[3 + len(or1_sections):]
+    assert rest[0] == "GRPOConfig (TRL): the model and reference model"
+    assert all(t.startswith("GRPOConfig (TRL)") for t in rest[:rest.index(next(t for t in rest if "transformers" in t))])
+    flags = [flag for group in groups.values() for flag in group]
+    assert len(flags) == len(set(flags)) > 250 and not any("-" in flag[2:] for flag in flags)  # once, no aliases
+    where = {flag: title for title, group in groups.items() for flag in group}
+    assert where["--dataset_name"] == where["--reward"] == "ScriptArguments"
+    assert where["--rejection_sampling"] == "OR1Config: rejection sampling (§3.1)"
+    assert where["--entropy_target"] == where["--use_adaptive_entropy"] == where["--no_use_adaptive_entropy"] == \
+        "OR1Config: the adaptive entropy (eq. 3.2)"  # TRL's fields that OR1 documents anew
+    assert where["--output_dir"] == where["--resume_from_checkpoint"] == where["--overwrite_output_dir"]
+    assert where["--model_name_or_path"] == where["--use_peft"] == "ModelConfig (TRL)"
+    assert where["--num_generations"] == "GRPOConfig (TRL): the data preprocessing"
+    assert where["--learning_rate"] == "TrainingArguments (transformers): Learning Rate & Scheduler"
+    parsed = train_parser().parse_args_and_config(["--max-steps", "3", "--output-dir", "o", "--use_cpu", "true"])
+    assert parsed[1].max_steps == 3  # the alias still parses
 
 
 @pytest.mark.parametrize("name", ["/nonexistent/or1/model", "./no-such-model", "../no-such-model",
@@ -271,6 +316,10 @@ def test_code_reward_trains_on_a_tests_column_without_answer_column(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert (out / "model.safetensors").exists()
+    # No checkpoint (save_strategy "no"), yet the card is there: `or1-trl eval --model out` reads its completion length.
+    from or1_trl.eval.model_card import trained_completion_length
+
+    assert trained_completion_length(str(out)) == 8  # examples/recipes/tiny_cpu.yaml
 
 
 def free_port():

@@ -1,11 +1,12 @@
-"""The README's main job: `accelerate launch examples/train_or1.py` with no arguments (offline demo)."""
+"""The README's main job: the offline demo (`or1-trl demo`, or `accelerate launch examples/train_or1.py` with no
+arguments), and the README's first screen that gets a newcomer there."""
 
 import os
 import re
 import subprocess
 import sys
 
-from ..helpers import ROOT
+from ..helpers import ENV, ROOT
 
 
 
@@ -28,7 +29,7 @@ def test_demo_runs_offline_and_improves(tmp_path):
     rewards = [float(re.search(r"reward (\S+)", line).group(1)) for line in steps]
     assert abs(first - sum(rewards[:5]) / 5) < 1e-3 and abs(last - sum(rewards[-5:]) / 5) < 1e-3
     # Deterministic on one machine with the fixed seed, but not across machines (float rounding of other CPU
-    # kernels): 0.364 -> 0.655 on one of ours, 0.364 -> 0.670 on another. See the README's "Measured".
+    # kernels): 0.364 -> 0.655 on one of ours, 0.364 -> 0.670 on another. See docs/benchmarks.md, "The offline demo".
     assert last > first + 0.1
 
 
@@ -90,3 +91,36 @@ def test_the_real_model_demo_end_to_end(tmp_path, capsys):
                     assert correct == (int(text) == int(record["answer"])), (text, record["answer"])
     assert json.load(open(out / "trainer_state.json"))["global_step"] == 2
     assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 30
+
+
+def test_the_first_screen_installs_the_cpu_build_before_the_rest_and_runs_the_demo_without_accelerates_warning():
+    """A user copies the first block: exactly two commands, one that installs (PyTorch's CPU build before the install
+    that would pull the CUDA one) and runs the demo as `or1-trl demo` (`accelerate launch` without a config prints
+    six lines of defaults first), and one that runs the tests — the command `.ci/run` runs."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        block = f.read().split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
+    assert len(commands) == 2, commands
+    install_and_demo, tests = commands
+    steps = [step.strip() for step in install_and_demo.split("&&")]
+    cpu = next(i for i, step in enumerate(steps) if "download.pytorch.org/whl/cpu" in step)
+    install = next(i for i, step in enumerate(steps) if step == 'pip install -e ".[dev]"')
+    assert cpu < install < len(steps) - 1 and steps[-1] == "or1-trl demo", steps
+    assert not any("accelerate launch" in step for step in steps)
+    assert tests == "python -m pytest tests -q"
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        ci = [line.strip() for line in f if line.strip() and not line.strip().startswith("#")]
+    assert ci[-1] == tests  # CI runs the README's test command, exactly, last
+
+
+def test_the_demo_first_screen_holds_no_noise(tmp_path):
+    """A first demo run: no "Starting over" (nothing to replace), no FutureWarning about gradient checkpointing (TRL's
+    calls of transformers' deprecated names), no string-prompt warning (the demo's tiny model reads raw text)."""
+    result = subprocess.run([sys.executable, "-m", "or1_trl.cli", "demo", "--output_dir", str(tmp_path / "demo"),
+                             "--max_steps", "2", "--sft_steps", "2"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=600, env=ENV)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "Starting over" not in result.stdout
+    for noise in ("FutureWarning", "gradient_checkpointing", "The prompts are plain strings", "Traceback"):
+        assert noise not in result.stderr, noise
+    assert [line[:10] for line in result.stdout.splitlines() if line.startswith("step ")] == ["step   1/2", "step   2/2"]

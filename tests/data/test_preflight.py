@@ -195,3 +195,20 @@ def test_prompts_longer_than_the_context_are_refused_or_truncated(tmp_path):
 
 
 # --- non-finite rewards ---------------------------------------------------------------------------------------------
+
+
+def test_string_prompts_against_a_chat_template_are_named_before_training():
+    """TRL sends a string prompt as raw text: with a tokenizer that has a chat template, say so and offer the fix; a
+    conversation, a tokenizer without a template, or a prompt that already holds the template's user turn is fine."""
+    from or1_trl.data.preflight import plain_prompts_problem
+
+    tokenizer = tiny_tokenizer()
+    problem = plain_prompts_problem(Dataset.from_dict({"prompt": ["Q: 1+1=? A:"]}), tokenizer)
+    assert problem.startswith("The prompts are plain strings (the first: 'Q: 1+1=? A:') and the tokenizer has a chat "
+                              "template: TRL sends a string prompt as raw text")
+    assert "`or1-trl train --chat_prompts true`" in problem and "[{'role': 'user', 'content': prompt}]" in problem
+    conversation = Dataset.from_dict({"prompt": [[{"role": "user", "content": "Q: 1+1=? A:"}]]})
+    rendered = Dataset.from_dict({"prompt": ["<|im_start|>user\nQ: 1+1=? A:<|im_end|>\n<|im_start|>assistant\n"]})
+    assert plain_prompts_problem(conversation, tokenizer) is None and plain_prompts_problem(rendered, tokenizer) is None
+    tokenizer.chat_template = None  # a base model's tokenizer: raw text is its input
+    assert plain_prompts_problem(Dataset.from_dict({"prompt": ["Q: 1+1=? A:"]}), tokenizer) is None

@@ -166,6 +166,67 @@ def test_evaluate_resumes_without_regenerating(answer_model_dir, tmp_path):
     assert len(open(tmp_path / "add.jsonl").readlines()) == 10
 
 
+def test_a_training_format_file_is_evaluated_as_it_is_and_the_command_says_what_it_assumed(answer_model_dir, tmp_path,
+                                                                                           capsys):
+    """The file `or1-trl train` trained on (prompt/answer rows), given as it is to the output dir of an OR1 run: its
+    prompts are the problems (no `--problem_column`), sent without the `\\boxed{}` instruction (no `--prompt_template`),
+    for as many tokens as the run trained with (its card; no `--max_tokens`), each assumption said in one line."""
+    import shutil
+
+    from transformers.trainer_callback import TrainerState
+
+    from or1_trl import OR1Config
+    from or1_trl.cli.evaluate import eval_parser
+    from or1_trl.cli.parsing import parse_command
+    from or1_trl.eval.evaluation import DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TEMPLATE, load_problems
+    from or1_trl.eval.model_card import insert_section, or1_section
+
+    run = tmp_path / "run"  # the answer model as an OR1 run's output dir: its card says 6 completion tokens
+    shutil.copytree(answer_model_dir, run)
+    args = OR1Config(output_dir=str(tmp_path / "x"), use_cpu=True, bf16=False, max_completion_length=6)
+    (run / "README.md").write_text(insert_section("# card\n", or1_section(args, TrainerState(), None, None, None, None)))
+    train = tmp_path / "train.jsonl"
+    rows = zip(DATA["prompt"], DATA["answer"])
+    train.write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in rows))
+
+    (parsed,) = parse_command(eval_parser(), ["--model", str(run), "--benchmarks", str(train)])
+    assert parsed.templates == {"train": "{problem}"} and parsed.settings.max_tokens == 6
+    (benchmark,) = parse_command(eval_parser(), ["--model", str(run), "--benchmarks", str(train), "aime24"])
+    assert benchmark.templates == {"train": "{problem}", "aime24": DEFAULT_PROMPT_TEMPLATE}
+    assert benchmark.settings.max_tokens == DEFAULT_MAX_TOKENS  # a named benchmark too: the paper's budget
+    assert [p.problem for p in load_problems(str(train))] == DATA["prompt"]
+
+    main(["eval", "--model", str(run), "--benchmarks", str(train), "--n", "2", "--batch_size", "20", "--resamples", "100"])
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("train: the training format (a 'prompt' column, no 'problem'): each prompt is sent as "
+                                 "it is, no instruction added (--prompt_template to add one); a string prompt as a user "
+                                 "turn through the chat template")
+    assert printed[1] == (f"max_tokens: 6, the completion length {run} was trained with (its model card); "
+                          "--max_tokens to change.")
+    records = [json.loads(line) for line in open(run / "eval" / "train.jsonl")]
+    assert [r["problem"] for r in records] == DATA["prompt"] and [r["answer"] for r in records] == DATA["answer"]
+    assert all(r["sampling"]["max_tokens"] == 6 for r in records)
+    assert json.loads((run / "eval" / SUMMARY_JSON).read_text())["benchmarks"]["train"]["metrics"]["avg@2"]["value"] > 0
+
+
+def test_the_released_format_is_a_training_format_file_with_its_gold_from_the_ground_truth(tmp_path):
+    from or1_trl.eval.evaluation import is_training_format, load_problems
+    from ..helpers import released_row
+
+    released = tmp_path / "released.jsonl"
+    rows = [released_row("What is 1+2?", ["3"]), released_row("What is 2+2?", ["4", "4.0"], index=1)]
+    released.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert is_training_format(str(released)) and not is_training_format(str(released), problem_column="prompt")
+    problems = load_problems(str(released))
+    assert [p.problem for p in problems] == [[{"content": "What is 1+2?", "role": "user"}],
+                                             [{"content": "What is 2+2?", "role": "user"}]]
+    assert [p.answer for p in problems] == [["3"], ["4", "4.0"]]
+    code = tmp_path / "code.jsonl"
+    code.write_text(json.dumps(released_row("print 1", {"inputs": [""], "outputs": ["1"]}, ability="code")) + "\n")
+    with pytest.raises(ValueError, match="holds \\['code'\\] rows besides math: or1-trl eval scores math answers only"):
+        load_problems(str(code))
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--answer_column", "gold"], "has no column(s) ['gold']"),
     (["--n", "2", "--k", "1", "4"], "k=[4] with n=2"),

@@ -16,7 +16,7 @@ from or1_trl import OR1Config, OR1Trainer
 from or1_trl.cli import main
 from or1_trl.cli.demo_run import addition_dataset
 from or1_trl.eval.evaluation import SUMMARY_JSON, summarize
-from or1_trl.eval.model_card import EVAL_END, EVAL_START, SECTION_START
+from or1_trl.eval.model_card import EVAL_END, EVAL_START, SECTION_START, trained_completion_length
 from or1_trl.rewards import MathReward
 from or1_trl.testing import save_tiny_model, tiny_training_args
 
@@ -56,6 +56,7 @@ def test_card_records_the_run_and_eval_results(tmp_path, capsys):
     assert f"- **Base model:** `{base}`" in card
     assert "- **Training data:** `local/additions`, 16 prompts" in card and "- **Steps:** 2 of 2" in card
     assert "| 0 | 0–1 | 6 | 2 | 2 | 4 | 1 | 1e-06 |" in card and "| 1 | 1–2 | 8 | 2 | 2 | 4 | 1 | 1e-06 |" in card
+    assert trained_completion_length(str(out)) == 8  # the last stage's: what `or1-trl eval` samples a training file for
     assert "| learning rate | 1e-06 (constant) |" in card and "| rejection sampling (§3.1) | `compact` |" in card
     assert "preset `released`: target 0.2, Δ 0.0001, c ∈ [0, 0.005]" in card
     assert "| 80/20 rule | top 0.2 of tokens by entropy, normalised over `all` |" in card

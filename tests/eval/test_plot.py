@@ -1,6 +1,7 @@
 """`or1-trl plot`: which state file is read, what each figure draws (numbers from a hand-built log), usage errors."""
 
 import json
+import math
 import os
 
 import pytest
@@ -59,6 +60,42 @@ def test_the_newest_state_is_read(tmp_path):
 def test_moving_average_by_hand():
     assert moving_average([1, 2, 3, 4, 5], 2) == [1, 1.5, 2.5, 3.5, 4.5]
     assert moving_average([3, 1], 1) == [3, 1]
+    smoothed = moving_average([1, math.nan, 3, 5], 2)  # nothing measured: a gap, left out of the next mean
+    assert smoothed[0] == 1 and math.isnan(smoothed[1]) and smoothed[2:] == [3, 4]
+
+
+def test_a_step_that_measured_nothing_is_a_gap_steps_are_integers_and_no_curve_hides_another(tmp_path):
+    """Three steps, the second with every group rejected (TRL logs its entropy as 0: no kept token) and every sample
+    truncated; equal curves: accuracy over all and over non-truncated samples, c and α, kept and solve_none groups."""
+    history = [
+        step(1, 0, entropy=0.5, **{"rejection/kept_group_frac": 0.5, "rejection/solve_none_frac": 0.5,
+                                   "accuracy/all": 0.5, "accuracy/non_truncated": 0.5, "entropy_coef": 0.0,
+                                   "entropy/alpha": 0.0, "pool/size": 8}),
+        step(2, 0, entropy=0.0, **{"rejection/kept_group_frac": 0.0, "rejection/solve_none_frac": 1.0,
+                                   "accuracy/all": 0.0, "accuracy/non_truncated": None, "entropy_coef": 0.0,
+                                   "entropy/alpha": 0.0, "pool/size": 8}),
+        step(3, 0, entropy=0.4, **{"rejection/kept_group_frac": 0.5, "rejection/solve_none_frac": 0.5,
+                                   "accuracy/all": 0.25, "accuracy/non_truncated": 0.25, "entropy_coef": 0.0,
+                                   "entropy/alpha": 0.0, "pool/size": 8}),
+    ]
+    write_state(tmp_path, history, 3)
+    run = load_run(str(tmp_path))
+    for window in (1, 3):
+        fig, _ = entropy_figure(run, window=window)
+        entropy = next(line for line in fig.axes[0].lines if line.get_label().startswith("entropy of the policy"))
+        values = list(entropy.get_ydata())
+        assert list(entropy.get_xdata()) == [1, 2, 3] and values[0] == 0.5 and math.isnan(values[1]), window
+        assert values[2] == (0.4 if window == 1 else (0.5 + 0.4) / 2)  # the mean of 3 steps leaves the gap out
+    for figure in (entropy_figure, accuracy_figure, pool_figure):
+        fig, _ = figure(run, window=1)
+        ticks = [t for t in fig.axes[-1].get_xticks() if 1 <= t <= 3]
+        assert ticks and all(float(t).is_integer() for t in ticks), (figure.__name__, ticks)
+        for ax in fig.axes:  # curves that coincide (c and α; accuracy all and non-truncated) both stay visible
+            drawn = [line for line in ax.lines if not line.get_label().startswith("_")]
+            styles = [(line.get_linestyle(), line.get_marker()) for line in drawn]
+            assert len(set(styles)) == len(styles), (figure.__name__, styles)
+            widths = [line.get_linewidth() for line in drawn if line.get_marker() not in ("None", None)]
+            assert widths == sorted(widths, reverse=True), widths  # the earlier drawn wider: its edges show
 
 
 def test_figures_draw_the_logged_numbers(tmp_path):
@@ -81,7 +118,8 @@ def test_figures_draw_the_logged_numbers(tmp_path):
     fig, _ = accuracy_figure(run, window=1)
     curves = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in fig.axes[0].lines}
     assert curves["accuracy, all samples"] == ([1, 2], [0.25, 0.5])
-    assert curves["accuracy, non-truncated samples"] == ([1], [0.5])
+    steps, values = curves["accuracy, non-truncated samples"]  # step 2 logged None (every sample truncated): a gap
+    assert steps == [1, 2] and values[0] == 0.5 and math.isnan(values[1])
     assert curves["truncation ratio (hit the length limit)"] == ([1, 2], [0.5, 1.0])
 
     # Time split: the mean seconds per step of each stage over the steps that logged it.

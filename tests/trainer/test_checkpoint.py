@@ -397,7 +397,8 @@ def test_full_disk_is_one_line_and_the_previous_checkpoint_stays(small_disk, fai
 
 def test_demo_starts_over_in_its_own_directory_and_says_so(tmp_path, two_step_run, capsys):
     """The README's first command is the exception: run again, it replaces its previous run (a 2-step demo, then a
-    1-step one: one checkpoint and one step of statistics left) and says so; another run's directory is refused."""
+    1-step one: one checkpoint and one step of statistics left) and says so — the second time only, when there is
+    something to replace; another run's directory is refused."""
     from or1_trl.cli.demo_run import run_demo
 
     out = tmp_path / "demo"
@@ -406,7 +407,7 @@ def test_demo_starts_over_in_its_own_directory_and_says_so(tmp_path, two_step_ru
     assert names(out) == ["checkpoint-1", "checkpoint-2"]
     run_demo(str(out), max_steps=1, **demo)
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Starting over")]
-    assert said == [f"Starting over in {out}: each demo run replaces the previous one there."] * 2
+    assert said == [f"Starting over in {out}: each demo run replaces the previous one there."]  # the second run
     assert names(out) == ["checkpoint-1"]
     assert {json.loads(line)["step"] for line in stats_lines(out)} == {1}
 

@@ -80,7 +80,7 @@ def test_two_ranks_agree_on_stages_pool_and_statistics(tmp_path):
 LAUNCH_CONFIGS = {
     "single_cpu.yaml": ("NO", 1), "cpu_2proc.yaml": ("MULTI_GPU", 2), "single_gpu.yaml": ("NO", 1),
     "multi_gpu.yaml": ("MULTI_GPU", 8), "fsdp2.yaml": ("FSDP", 8), "deepspeed_zero2.yaml": ("DEEPSPEED", 8),
-    "deepspeed_zero3.yaml": ("DEEPSPEED", 8), "multi_node.yaml": ("FSDP", 32),
+    "deepspeed_zero3.yaml": ("DEEPSPEED", 8), "multi_node.yaml": ("FSDP", 32), "cpu_2proc_zero3.yaml": ("DEEPSPEED", 2),
 }
 
 
@@ -96,9 +96,15 @@ def test_launch_configs_load_and_give_their_launch_command():
         assert (config.distributed_type.value, config.num_processes) == (distributed_type, processes), name
         if distributed_type == "FSDP":
             assert config.fsdp_config["fsdp_version"] == 2, name
-        if distributed_type == "DEEPSPEED":
-            assert config.deepspeed_config["zero_stage"] == int(name[-6]), name  # deepspeed_zero<stage>.yaml
-            assert "gradient_accumulation_steps" not in config.deepspeed_config  # stages change it: DeepSpeed's "auto"
+        if distributed_type == "DEEPSPEED":  # <...>zero<stage>.yaml; stages change the accumulation: "auto"
+            deepspeed = config.deepspeed_config
+            if "deepspeed_config_file" in deepspeed:  # a DeepSpeed JSON, relative to the repository root
+                with open(os.path.join(ROOT, deepspeed["deepspeed_config_file"])) as f:
+                    deepspeed = json.load(f)
+                stage, accumulation = deepspeed["zero_optimization"]["stage"], deepspeed["gradient_accumulation_steps"]
+            else:
+                stage, accumulation = deepspeed["zero_stage"], deepspeed.get("gradient_accumulation_steps", "auto")
+            assert (stage, accumulation) == (int(name[-6]), "auto"), name
     multi_node = load_config_from_file(os.path.join(folder, "multi_node.yaml"))
     assert multi_node.num_machines == 4 and multi_node.num_processes == 32
 

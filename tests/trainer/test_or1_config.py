@@ -101,6 +101,22 @@ def test_vllm_weight_sync_defaults_to_disk_off_cuda(tmp_path):
         OR1Config(output_dir=str(tmp_path), use_cpu=True, vllm_weight_sync="shm")
 
 
+def test_trls_gradient_checkpointing_default_raises_no_future_warning(tmp_path):
+    """TRL's configs set `gradient_checkpointing` (default True), the name transformers 5 deprecates: OR1Config resolves
+    it to `activation_checkpointing` itself, so nobody sees a FutureWarning for a field they never set; the value is
+    what transformers' own resolution gives."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        default = OR1Config(output_dir=str(tmp_path), use_cpu=True, bf16=False)
+        off = OR1Config(output_dir=str(tmp_path), use_cpu=True, bf16=False, gradient_checkpointing=False)
+        new = OR1Config(output_dir=str(tmp_path), use_cpu=True, bf16=False, activation_checkpointing=False)
+    assert (default.activation_checkpointing, default.gradient_checkpointing) == (True, True)
+    assert (off.activation_checkpointing, off.gradient_checkpointing) == (False, False)
+    assert (new.activation_checkpointing, new.gradient_checkpointing) == (False, False)
+
+
 def readme_config_line() -> str:
     """The README's drop-in `OR1Config(...)` line, as a user copies it."""
     readme = open(os.path.join(ROOT, "README.md")).read()

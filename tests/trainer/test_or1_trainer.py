@@ -106,6 +106,14 @@ def test_all_rejected_step_is_skipped(tmp_path):
     assert trainer.entropy_controller.coef == 0.0  # nothing measured: c unchanged although tgt is huge
 
 
+def test_skipped_steps_is_logged_as_a_count_never_averaged(tmp_path):
+    """`skipped_steps` counts the run's skipped steps: a logging window of 3 steps (all skipped) logs 3, not the mean
+    1, 2, 3 = 2 that TRL gives its metrics."""
+    trainer, _ = train(OR1Trainer, OR1Config, tmp_path, reward=ScriptedReward(), dataset=tagged_dataset(["ALL"] * 16),
+                       max_steps=3, logging_steps=3)
+    assert trainer.or1_skipped_steps == 3 and logged(trainer, "skipped_steps") == [3.0]
+
+
 def test_skip_applies_only_to_rejected_steps(tmp_path):
     """A mixed run: exactly the steps with no informative group are skipped; the others move the weights."""
     reward = ScriptedReward()

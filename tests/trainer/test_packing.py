@@ -159,14 +159,46 @@ def test_packing_settings_are_checked_before_training(tmp_path):
                                        model_init_kwargs={"attn_implementation": "flex_attention"}))
 
 
-def test_sharded_models_are_refused_with_the_fix():
+def test_ranks_with_fewer_forwards_run_zero_weight_ones_to_stay_in_step():
+    """ZeRO-3 and FSDP gather the parameters in every forward: a rank runs as many forwards as the rank with most
+    (`forwards`), the extra ones entering with weight 0, and ZeRO-3's forwards are not checkpointed (`recompute`).
+    Same log-probs, entropies and gradients either way; the extra forwards are counted in the slots."""
+    model, _ = tiny_model_and_tokenizer(seed=0)
+    add_fused_lm_head(model, temperature=1.0, outputs=("log_probs", "entropy"))
+    ids, mask, C = padded_batch([3, 7, 2, 5], [1, 9, 30, 4], vocab=model.config.vocab_size)
+    forward = fused_head_forward(model, nullcontext)
+    results = {}
+    for name, options in {"plain": {}, "lockstep": {"forwards": lambda n: n + 2},
+                          "lockstep, not recomputed": {"forwards": lambda n: n + 2, "recompute": False}}.items():
+        logps, entropies, slots = packed_logps_and_entropies(forward, ids, mask, C, 12, True, **options)
+        (logps.sum() + entropies.sum()).backward()
+        results[name] = (logps.detach(), entropies.detach(), slots, {n: p.grad.clone() for n, p in model.named_parameters()})
+        model.zero_grad(set_to_none=True)
+    logps, entropies, slots, grads = results["plain"]
+    for name in ("lockstep", "lockstep, not recomputed"):
+        assert torch.equal(results[name][0], logps) and torch.equal(results[name][1], entropies), name
+        assert results[name][2] == slots + 2 * int(mask[0].sum()), name  # two more forwards of row 0
+        for param, grad in grads.items():
+            torch.testing.assert_close(results[name][3][param], grad, rtol=1e-5, atol=1e-7, msg=f"{name}: {param}")
+
+
+def test_only_parameter_gathering_backends_count_forwards_across_ranks():
+    from types import SimpleNamespace
+
     from accelerate.utils import DistributedType
 
-    from or1_trl.trainer.packing import sharding_problem
+    from or1_trl.trainer.packing import same_forward_count
 
-    assert sharding_problem(DistributedType.MULTI_GPU) is None and sharding_problem(DistributedType.NO) is None
-    for sharded in (DistributedType.DEEPSPEED, DistributedType.FSDP):
-        assert "set padding_free=False or launch with DDP" in sharding_problem(sharded)
+    def accelerator(kind, processes=2, stage=None):
+        plugin = None if stage is None else SimpleNamespace(zero_stage=stage)
+        return SimpleNamespace(distributed_type=kind, num_processes=processes, device=torch.device("cpu"),
+                               state=SimpleNamespace(deepspeed_plugin=plugin), gather=lambda t: torch.cat([t, t + 3]))
+
+    for kind, stage in [(DistributedType.MULTI_GPU, None), (DistributedType.NO, None), (DistributedType.DEEPSPEED, 2)]:
+        assert same_forward_count(accelerator(kind, stage=stage)) is None, kind
+    assert same_forward_count(accelerator(DistributedType.FSDP, processes=1)) is None
+    for kind, stage in [(DistributedType.DEEPSPEED, 3), (DistributedType.FSDP, None)]:
+        assert same_forward_count(accelerator(kind, stage=stage))(4) == 7, kind  # the largest count over the ranks
 
 
 def test_a_stage_sets_its_own_budget(tmp_path):

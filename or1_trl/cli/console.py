@@ -1,0 +1,218 @@
+"""What `or1-trl train` and `or1-trl demo` show on the console while they train, and what they keep off it.
+
+- `StepPrinter`: one line per logged step (main process), in place of transformers' printed metrics dict (its
+  `PrinterCallback` / `ProgressCallback`, removed by `show_steps`); the trackers of `report_to` still get every
+  metric. `or1-trl train` logs every step (`logging_steps=1` unless set); with a longer logging window a line shows
+  the window's means, as TRL logs them.
+- `closing_lines`: where the run's outputs are and what to run next, when training ends.
+- `interrupted_line`: Ctrl-C during training ends with this one line (exit status 130) instead of a traceback.
+- `quiet_deprecations`: transformers' `gradient_checkpointing` FutureWarnings, which TRL's own calls raise at every
+  step (TRL's generation toggles checkpointing by the deprecated names), kept off the screen while a command trains.
+- `console_output`: all of `or1-trl train`'s console settings for its duration: `quiet_deprecations`, or1-trl's
+  one-line decisions shown (its loggers at INFO on the main process unless `--log_level` says otherwise: the
+  weight-sync directory and what is synced, the log-prob backend, the checkpoint a resume took), and transformers'
+  "missing keys" warning on resuming a model with tied weights replaced by what it means (`TiedKeysExplained`).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import logging
+import math
+import os
+import re
+import sys
+import warnings
+
+from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+
+#: transformers 5 deprecates `gradient_checkpointing*` for `activation_checkpointing*`; TRL 1.16 uses the old names.
+GRADIENT_CHECKPOINTING_DEPRECATION = r"`(is_)?gradient_checkpointing(_enable|_disable|_kwargs)?` is deprecated"
+
+
+def _number(logs: dict, key: str, digits: int) -> str:
+    value = logs.get(key)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"  # nothing measured (e.g. every group rejected, every sample truncated)
+    return f"{value:.{digits}f}"
+
+
+def step_line(logs: dict, step: int, max_steps: int, skipped_before: float | None = None) -> str:
+    """One step's line from its logged metrics: reward, accuracy, the entropy over the kept tokens ("-" when every
+    group was rejected: it measured nothing), the entropy coefficient c, the kept-group fraction (and "skipped"
+    when the cumulative `skipped_steps` grew since `skipped_before`), and the step's time split."""
+    kept = logs.get("rejection/kept_group_frac")
+    entropy = "-" if kept == 0 else _number(logs, "entropy", 3)
+    parts = [f"step {step:3d}/{max_steps}", f"reward {_number(logs, 'reward', 3)}",
+             f"accuracy {_number(logs, 'accuracy/all', 2)}", f"entropy {entropy}",
+             f"entropy_coef {_number(logs, 'entropy_coef', 4)}",
+             f"kept_groups {_number(logs, 'rejection/kept_group_frac', 2)}"]
+    skipped = logs.get("skipped_steps")
+    if skipped is not None and skipped_before is not None and skipped > skipped_before:
+        parts[-1] += " (skipped: no trainable token)"
+    if logs.get("time/step_s") is not None:
+        shares = " ".join(f"{phase} {logs.get(f'time/{phase}_share', 0.0):.0%}"
+                          for phase in ("rollout", "reward", "update", "other"))
+        parts.append(f"{logs['time/step_s']:.2f} s: {shares}")
+    return " | ".join(parts)
+
+
+class StepPrinter(TrainerCallback):
+    """Prints `step_line` for each logged training step on the main process; `rewards` keeps each line's reward.
+    Evaluation logs get a line of their own (`eval at step N | ...`)."""
+
+    def __init__(self):
+        self.rewards: list[float] = []
+        self._skipped: float | None = 0.0
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs:
+            return
+        if "reward" in logs:
+            self.rewards.append(logs["reward"])
+            if state.is_world_process_zero:
+                print(step_line(logs, state.global_step, state.max_steps, self._skipped), flush=True)
+            self._skipped = logs.get("skipped_steps", self._skipped)
+        elif "eval_reward" in logs and state.is_world_process_zero:
+            shown = [key for key in logs if key == "eval_reward" or "avg@" in key or "pass@" in key]
+            print(f"eval at step {state.global_step} | "
+                  + " | ".join(f"{key.removeprefix('eval_')} {_number(logs, key, 3)}" for key in shown), flush=True)
+
+
+def show_steps(trainer) -> StepPrinter:
+    """Put a `StepPrinter` in place of transformers' printed metrics (`PrinterCallback`, or the progress bar's
+    `ProgressCallback`, which writes the same dict); returns it."""
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    printer = StepPrinter()
+    trainer.add_callback(printer)
+    return printer
+
+
+def closing_lines(output_dir: str, step: int, max_steps: int, seconds: float | None, checkpoints: list[str],
+                  pushed_to: str | None = None, benchmark: str | None = None) -> list[str]:
+    """What a finished run left in `output_dir` and what to run next (the main process prints them): `checkpoints`
+    the complete ones, `pushed_to` where `push_to_hub` put the model, `benchmark` the training file (a local one),
+    which `or1-trl eval` takes as it is."""
+    took = f" ({seconds:.0f} s)" if seconds is not None else ""
+    shown = ", ".join(os.path.basename(c) for c in checkpoints[-2:]) or "none (save_strategy)"
+    lines = [
+        f"Training ended at step {step} of {max_steps}{took}. In {output_dir}:",
+        f"  the model and tokenizer     AutoModelForCausalLM.from_pretrained({output_dir!r})",
+        f"  {'checkpoint-N':<26}  complete checkpoints ({shown}): --resume_from_checkpoint true continues from the "
+        "newest",
+        f"  {'prompt_stats.jsonl':<26}  each prompt's samples and accuracy, step by step (or1-trl select-examples "
+        "ranks them)",
+        f"  {'trainer_state.json':<26}  every logged metric",
+        "Next:",
+        f"  or1-trl eval --model {output_dir} --benchmarks {benchmark or 'TEST.jsonl'}   ("
+        + ("the training file; better a held-out one in its format" if benchmark else "a held-out file in the training "
+           "format") + ", or aime24 aime25 math500)",
+        f"  or1-trl plot {output_dir}   (entropy, accuracy, time split, prompt pool as PNGs)",
+    ]
+    lines.append(f"  pushed to the Hub: {pushed_to}" if pushed_to else
+                 "  to the Hub: the same command with --push_to_hub true --hub_model_id NAME, or trainer.push_to_hub()")
+    return lines
+
+
+def interrupted_line(output_dir: str, step: int, max_steps: int, complete: str | None, incomplete: list[str]) -> str:
+    """The one line of a run stopped by Ctrl-C at `step`: the newest `complete` checkpoint and how to continue."""
+    where = f"Interrupted at step {step} of {max_steps}"
+    if complete is None:
+        return (f"{where}, before its first complete checkpoint: nothing to resume; run the command again with "
+                "--overwrite_output_dir true to start over in " + output_dir + ".")
+    names = ", ".join(os.path.basename(c) for c in incomplete)
+    skipped = f" ({names} is incomplete: resuming skips it)" if incomplete else ""
+    return (f"{where}: {os.path.basename(complete)} is complete{skipped}; continue with the same command and "
+            "--resume_from_checkpoint true.")
+
+
+@contextlib.contextmanager
+def quiet_deprecations():
+    """Inside: transformers' `gradient_checkpointing` FutureWarnings are not shown (TRL raises them, the user cannot
+    act on them); every other warning is."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=GRADIENT_CHECKPOINTING_DEPRECATION, category=FutureWarning)
+        warnings.filterwarnings("ignore", message="'pin_memory' argument is set as true but no accelerator is found",
+                                category=UserWarning)  # a CPU run: pinning has nothing to pin for
+        yield
+
+
+@contextlib.contextmanager
+def stop_on_interrupt(parser, trainer=None):
+    """Inside: Ctrl-C (`KeyboardInterrupt`) ends the command with exit status 130 and one line on the main process —
+    `interrupted_line` for `trainer`'s run, or "interrupted before training started" — instead of a traceback; with
+    `OR1_DEBUG=1` the traceback shows."""
+    from ..trainer.checkpoint import last_complete_checkpoint, required_files
+    from .parsing import debug
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        if debug():
+            raise
+        if trainer is None:
+            main = os.environ.get("RANK", "0") == "0"
+            parser.exit(130, f"{parser.prog}: interrupted before training started.\n" if main else None)
+        args, state = trainer.args, trainer.state
+        complete, skipped = last_complete_checkpoint(args.output_dir, required_files(trainer))
+        line = interrupted_line(args.output_dir, state.global_step, state.max_steps, complete, [f for f, _ in skipped])
+        parser.exit(130, f"{parser.prog}: {line}\n" if trainer.is_world_process_zero() else None)
+
+
+class TiedKeysExplained(logging.Filter):
+    """On transformers' trainer logger: its warning "There were missing keys in the checkpoint model loaded: [...]"
+    when every key named is a weight tied to another one of `model` (e.g. `lm_head.weight`, tied to the embeddings,
+    which a checkpoint saves once) becomes one INFO line saying so: the weight is restored through the one it is tied
+    to, nothing is missing. Any other missing key keeps the warning."""
+
+    MESSAGE = re.compile(r"There were missing keys in the checkpoint model loaded: (\[.*\])\.")
+
+    def __init__(self, model):
+        super().__init__()
+        names: dict[int, list[str]] = {}
+        for name, param in model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(param), []).append(name)
+        self.tied_to = {name: next(other for other in group if other != name)
+                        for group in names.values() if len(group) > 1 for name in group}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        match = self.MESSAGE.fullmatch(record.getMessage())
+        if match:
+            missing = ast.literal_eval(match.group(1))
+            if missing and all(key in self.tied_to for key in missing):
+                pairs = ", ".join(f"{key} is tied to {self.tied_to[key]}" for key in missing)
+                record.msg, record.args = (f"Resumed the model: {pairs}, which the checkpoint holds (tied weights are "
+                                           "saved once), so nothing is missing."), ()
+                record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+@contextlib.contextmanager
+def console_output(args, trainer=None):
+    """`or1-trl train`'s console for the block: `quiet_deprecations`; or1-trl's loggers at INFO on the main process
+    (`args.log_level` when set, `args.log_level_replica` elsewhere) through one handler printing the message alone;
+    with `trainer`, `TiedKeysExplained` on transformers' trainer logger. All undone on exit."""
+    main = args.process_index == 0
+    name = args.log_level if main else args.log_level_replica
+    # transformers' level names are Python's ("debug" ... "critical"), and "passive": ours show INFO on the main process
+    level = getattr(logging, name.upper()) if name != "passive" else (logging.INFO if main else logging.WARNING)
+    package = logging.getLogger("or1_trl")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    explained = TiedKeysExplained(trainer.accelerator.unwrap_model(trainer.model)) if trainer is not None else None
+    trainer_logger = logging.getLogger("transformers.trainer")
+    previous = package.level
+    package.setLevel(level)
+    package.addHandler(handler)
+    if explained is not None:
+        trainer_logger.addFilter(explained)
+    try:
+        with quiet_deprecations():
+            yield
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(previous)
+        if explained is not None:
+            trainer_logger.removeFilter(explained)
