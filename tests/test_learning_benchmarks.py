@@ -231,6 +231,37 @@ def test_ladder_arms_share_the_shape_and_differ_in_one_part(tmp_path):
     assert (args.vllm_weight_sync, args.vllm_sync_dir, args.vllm_sync_dtype) == ("disk", None, "server")
 
 
+def test_ladder_configs_without_a_server_generate_in_the_trainer(tmp_path):
+    """`--generation hf` (url None): every arm generates with HF `generate` in its trainer, on the GPU where there is
+    one; nothing else of the shape changes."""
+    settings = learning.dataclasses.replace(learning.LADDER, generation="hf")
+    for arm in ("grpo", "or1", "or1_8020"):
+        served = learning.ladder_config(arm, 3, str(tmp_path / arm), learning.LADDER, "http://127.0.0.1:1")
+        local = learning.ladder_config(arm, 3, str(tmp_path / arm), settings, None)
+        assert not local.use_vllm and local.use_cpu == (not torch.cuda.is_available()) == served.use_cpu
+        changed = {k for k, v in local.to_dict().items() if v != served.to_dict()[k]}
+        assert changed == {"use_vllm", "vllm_server_base_url"} | ({"vllm_weight_sync"} if arm != "grpo" else set()), arm
+
+
+def test_hf_evaluation_is_seeded_by_step_and_scores_every_sample(smollm2_dir):
+    """The evaluation of `--generation hf` on the real model: the same step draws the same samples (every arm and seed
+    is evaluated on the same randomness), another step other ones; the accuracy is the mean over prompts of each
+    prompt's share of right samples, per rung too; no log-probs, so no entropy (NaN)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    settings = learning.LADDER_QUICK
+    _, held_out = learning.ladder_data(settings)
+    problems = learning.ladder_problems(held_out)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir)
+    backends = learning.hf_backends(model, AutoTokenizer.from_pretrained(smollm2_dir), bf16=True)
+    first, again, other = (learning.evaluate_ladder(backends, problems, settings, step) for step in (3, 3, 6))
+    assert first == {**again, "entropy": first["entropy"]} and learning.math.isnan(first["entropy"])
+    assert (first["accuracy"], first["mean_length"]) != (other["accuracy"], other["mean_length"])
+    assert first["accuracy"] == pytest.approx(learning.statistics.mean(first["rungs"].values()))  # one prompt a rung
+    assert all(value * settings.samples == round(value * settings.samples) for value in first["rungs"].values())
+    assert list(first["rungs"]) == [p.id.split("-", 1)[0] for p in problems] and 0 < first["mean_length"] <= 48
+
+
 def test_ladder_split_is_fixed_and_disjoint():
     train, held_out = learning.ladder_data(learning.LADDER)
     assert len(train) == 60 and len(held_out) == 216 and train.column_names == ["prompt", "answer", "prompt_id"]
