@@ -1,7 +1,8 @@
 """Re-measure the documented figures: run benchmarks and rewrite their blocks in the documentation.
 
     python benchmarks/update_readme.py demo                 # one benchmark (see --list)
-    python benchmarks/update_readme.py --all                # all (memory: ~32 min and 20 GB of RAM; learning: ~30 min; others minutes)
+    python benchmarks/update_readme.py --all                # all (memory: ~32 min and 20 GB of RAM; learning: ~30 min;
+                                                            # learning_ladder: hours, resumable; others minutes)
     python benchmarks/update_readme.py demo --quick --page /tmp/benchmarks.md    # tiny settings, into a copy
 
 Each benchmark has one block in the documentation (`docs/benchmarks.md`; any page of `docs/`, or README.md, may hold
@@ -34,9 +35,14 @@ DOCS = os.path.join(ROOT, "docs")
 
 @dataclass(frozen=True)
 class Benchmark:
-    script: str  # relative to the repository root; also names the block
+    script: str  # relative to the repository root; also names the block, unless `block` does
     args: tuple[str, ...]  # the documented settings
     quick: tuple[str, ...]  # seconds, for tests
+    block: str = ""  # the block's name, where one script writes two blocks (default: `script`)
+
+    @property
+    def marker(self) -> str:
+        return self.block or self.script
 
 
 BENCHMARKS = {
@@ -51,6 +57,10 @@ BENCHMARKS = {
     "real_step_time": Benchmark("benchmarks/real_step_time.py", (), ("--quick",)),
     "real_demo": Benchmark("benchmarks/real_demo.py", (), ("--quick",)),
     "learning": Benchmark("benchmarks/learning.py", (), ("--quick",)),
+    # the real-model arms: each run's result is kept in benchmarks/results/learning_ladder and a relaunch skips it, so
+    # once the matrix has run (hours) this writes the block from the results without running anything
+    "learning_ladder": Benchmark("benchmarks/learning.py", ("--ladder", "--plot", "docs/learning_ladder.png"),
+                                 ("--ladder", "--quick"), block="benchmarks/learning.py ladder"),
     "rollout_correction": Benchmark("benchmarks/rollout_correction.py", (), ("--quick",)),
     "packing": Benchmark("benchmarks/packing.py", (), ("--quick",)),
     "async_generation": Benchmark("benchmarks/async_generation.py", (), ("--quick",)),
@@ -166,18 +176,18 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--quick numbers mean nothing: write them to a copy with --page PATH")
     pages = {}
     for name in names:  # check every block exists before spending minutes on a benchmark
-        script = BENCHMARKS[name].script
-        pages[name] = args.page if args.page is not None else find_page(script)
+        marker = BENCHMARKS[name].marker
+        pages[name] = args.page if args.page is not None else find_page(marker)
         with open(pages[name]) as f:
-            replace_block(f.read(), script, "")
+            replace_block(f.read(), marker, "")
     for name in names:
         block = run(name, args.quick)
         with open(pages[name]) as f:  # again: edits made while the benchmark ran (minutes) are kept
             text = f.read()
-        text = replace_block(text, BENCHMARKS[name].script, block)
+        text = replace_block(text, BENCHMARKS[name].marker, block)
         with open(pages[name], "w") as f:  # after each benchmark: a later failure keeps the earlier ones
             f.write(text)
-        print(f"{pages[name]}: rewrote the block of {BENCHMARKS[name].script}", file=sys.stderr)
+        print(f"{pages[name]}: rewrote the block of {BENCHMARKS[name].marker}", file=sys.stderr)
 
 
 if __name__ == "__main__":

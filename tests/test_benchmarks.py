@@ -88,10 +88,10 @@ def test_replace_block_refuses_missing_repeated_or_misplaced_markers(text, found
 def test_every_benchmark_has_its_block_in_one_page_of_the_docs():
     for name, bench in update_readme.BENCHMARKS.items():
         assert os.path.exists(os.path.join(ROOT, bench.script)), bench.script
-        page = update_readme.find_page(bench.script)  # raises unless exactly one page holds the block
+        page = update_readme.find_page(bench.marker)  # raises unless exactly one page holds the block
         assert page == os.path.join(ROOT, "docs", "benchmarks.md"), (name, page)
         with open(page) as f:
-            update_readme.replace_block(f.read(), bench.script, "checked")  # raises if the markers are wrong
+            update_readme.replace_block(f.read(), bench.marker, "checked")  # raises if the markers are wrong
 
 
 def test_find_page_needs_the_block_in_exactly_one_page(tmp_path):

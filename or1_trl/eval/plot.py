@@ -158,8 +158,9 @@ def _stage_lines(axes, run: Run) -> None:
                          textcoords="offset points", fontsize=8, ha="left", va="bottom")
 
 
-def _new_figure(rows: int = 1, height: float = 4.0, steps: bool = True):
-    """A figure of `rows` axes sharing x; `steps`: x is the optimizer step (integer ticks only)."""
+def new_figure(rows: int = 1, height: float = 4.0, steps: bool = True):
+    """A `Figure` of `rows` axes sharing x, in this module's style (light grid, constrained layout); `steps`: x is the
+    optimizer step (integer ticks only). Public for the benchmarks' plots."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -177,7 +178,7 @@ def entropy_figure(run: Run, window: int):
     if not run.has("entropy"):
         return None, "no `entropy` in the log"
     controller = run.has("entropy_coef") or run.has("entropy/alpha")
-    fig, axes = _new_figure(2 if controller else 1)
+    fig, axes = new_figure(2 if controller else 1)
     ax = axes[0]
     _curve(ax, run, "entropy", "entropy of the policy, kept tokens", "#4C72B0", window)
     full = dict(zip(*run.series("entropy")))
@@ -211,7 +212,7 @@ def accuracy_figure(run: Run, window: int):
     keys = ("accuracy/all", "accuracy/non_truncated", "completions/clipped_ratio")
     if not any(run.has(key) for key in keys):
         return None, "no `accuracy/*` or `completions/clipped_ratio` in the log"
-    fig, (ax,) = _new_figure()
+    fig, (ax,) = new_figure()
     _curve(ax, run, "accuracy/all", "accuracy, all samples", "#4C72B0", window)
     _curve(ax, run, "accuracy/non_truncated", "accuracy, non-truncated samples", "#55A868", window)
     _curve(ax, run, "completions/clipped_ratio", "truncation ratio (hit the length limit)", "#C44E52", window)
@@ -240,7 +241,7 @@ def time_split_figure(run: Run, window: int):
     bars = time_split(run)
     if not bars:
         return None, "no `time/*` metrics in the log (OR1Trainer logs them)"
-    fig, (ax,) = _new_figure(height=4.5, steps=False)
+    fig, (ax,) = new_figure(height=4.5, steps=False)
     ax.grid(True, axis="y", alpha=0.3)
     ax.grid(False, axis="x")
     labels = [label for label, _ in bars]
@@ -265,7 +266,7 @@ def pool_figure(run: Run, window: int):
         return None, "no `pool/size` in the log (OR1Trainer with a datasets.Dataset logs it)"
     outcomes = [k for k in ("rejection/kept_group_frac", "rejection/solve_all_frac", "rejection/solve_none_frac")
                 if run.has(k)]
-    fig, axes = _new_figure(2 if outcomes else 1)
+    fig, axes = new_figure(2 if outcomes else 1)
     steps, size = run.series("pool/size")
     axes[0].step(steps, size, where="mid", color="#4C72B0", label="prompts in the pool")
     axes[0].set_ylabel("prompts")

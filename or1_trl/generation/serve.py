@@ -306,16 +306,19 @@ def start_server(
     env: dict[str, str] | None = None,
     log_file=None,
     timeout: float = 600.0,
+    with_parent: bool = False,
     **options,
 ) -> tuple[subprocess.Popen, str]:
     """Start the server in the background and wait until it is healthy. Returns `(process, base_url)`.
 
     `options` are `build_command`'s (`host`, `port`, `python`, `extra_args`, `api_key`); `env` adds to the backend's
     environment (e.g. `VLLM_CPU_KVCACHE_SPACE`); output goes to `log_file` (a file object) or is inherited. The
-    caller stops the process (`process.terminate()`)."""
+    caller stops the process (`process.terminate()`). `with_parent`: the server also gets SIGTERM when this process
+    dies, even by SIGKILL (`die_with_parent`; Linux; call it from the main thread, whose exit counts as the parent's)."""
     argv, server_env = build_command(model, weight_sync, **options)
     server_env.update(env or {})
-    process = subprocess.Popen(argv, env=server_env, stdout=log_file, stderr=subprocess.STDOUT if log_file else None)
+    process = subprocess.Popen(argv, env=server_env, stdout=log_file, stderr=subprocess.STDOUT if log_file else None,
+                               preexec_fn=functools.partial(die_with_parent, os.getpid()) if with_parent else None)
     url = f"http://{options.get('host', '127.0.0.1')}:{options.get('port', 8000)}"
     try:
         wait_for_health(url, process, timeout)

@@ -474,3 +474,62 @@ def test_a_key_given_as_a_flag_is_never_written(vllm_server, tmp_path):
     records = run.read_bytes()
     assert re.search(rb"--vllm_server_api_key.{1,2}" + re.escape(API_KEY_PLACEHOLDER.encode()), records, re.S)
     assert records.count(API_KEY_PLACEHOLDER.encode()) >= 2
+
+
+FAKE_SERVER = """#!{python}
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1])), Health).serve_forever()
+"""
+
+STARTER = """import sys, time
+from or1_trl.generation.serve import start_server
+process, _ = start_server("model", "disk", python=sys.argv[1], port=int(sys.argv[2]), sync_roots=[sys.argv[3]],
+                          with_parent=sys.argv[4] == "1")
+print(process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("with_parent", [True, False])
+def test_a_server_started_with_its_parent_dies_with_it(tmp_path, with_parent):
+    """`start_server(with_parent=True)` (benchmarks that start their own server): a SIGKILL of the process that started
+    it stops the server too (SIGTERM from the kernel); without it the server outlives its parent (and is killed here)."""
+    import signal
+    import time
+
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_SERVER.format(python=sys.executable))
+    fake.chmod(0o755)
+    port = free_port()
+    parent = subprocess.Popen([sys.executable, "-c", STARTER, str(fake), str(port), str(tmp_path), str(int(with_parent))],
+                              stdout=subprocess.PIPE, text=True)
+    server_pid = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+
+    def alive():
+        try:
+            os.kill(server_pid, 0)
+            with open(f"/proc/{server_pid}/stat") as f:
+                return f.read().split(")")[-1].split()[0] != "Z"
+        except (ProcessLookupError, FileNotFoundError):
+            return False
+
+    deadline = time.monotonic() + 30
+    while alive() and with_parent and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        assert alive() is not with_parent
+    finally:
+        if alive():
+            os.kill(server_pid, signal.SIGKILL)
