@@ -88,10 +88,13 @@ def check_backend(trainer) -> None:
 
 def _mark_skipped(optimizer, skipped: bool) -> None:
     """Make `optimizer.step_was_skipped` (accelerate's wrapper) read `skipped`: DeepSpeed's wrapper reads its ZeRO
-    optimizer's overflow flag, accelerate's own wrapper the flag its gradient scaler sets."""
-    from accelerate.utils import DeepSpeedOptimizerWrapper
+    optimizer's overflow flag, accelerate's own wrapper the flag its gradient scaler sets. (accelerate exports
+    `DeepSpeedOptimizerWrapper` only where DeepSpeed is installed: without it, no optimizer is one.)"""
+    import accelerate.utils
 
-    if isinstance(optimizer, DeepSpeedOptimizerWrapper):
+    wrapper = getattr(accelerate.utils, "DeepSpeedOptimizerWrapper", None) if accelerate.utils.is_deepspeed_available() \
+        else None
+    if wrapper is not None and isinstance(optimizer, wrapper):
         optimizer.optimizer.overflow = skipped
     else:
         optimizer._is_overflow = skipped

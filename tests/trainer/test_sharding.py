@@ -327,6 +327,30 @@ def test_a_skip_mark_that_accelerate_stops_reading_is_an_error():
         UpdateSkip(trainer).skip()
 
 
+def test_a_fully_rejected_step_is_skipped_without_deepspeed_installed(tmp_path, monkeypatch):
+    """Without DeepSpeed, accelerate exports no `DeepSpeedOptimizerWrapper` (its `utils` import it only where DeepSpeed
+    is installed): a step whose every group is rejected is still skipped, the learning-rate schedule left alone (a
+    first H200 run of the ladder benchmark, with no DeepSpeed there, stopped on that import)."""
+    import accelerate.utils
+    from datasets import Dataset
+
+    from or1_trl import OR1Config, OR1Trainer
+    from or1_trl.testing import tiny_model, tiny_tokenizer, tiny_training_args
+
+    monkeypatch.delattr(accelerate.utils, "DeepSpeedOptimizerWrapper", raising=False)
+    monkeypatch.setattr(accelerate.utils, "is_deepspeed_available", lambda: False)
+    tokenizer = tiny_tokenizer()
+    args = OR1Config(**tiny_training_args(tmp_path, max_steps=2, lr_scheduler_type="linear"))
+    data = Dataset.from_dict({"prompt": [f"Q: {i}+{i}=? A:" for i in range(8)]})
+    trainer = OR1Trainer(tiny_model(tokenizer), lambda completions, **kw: [0.0] * len(completions), args=args,
+                         train_dataset=data, processing_class=tokenizer)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    assert trainer.or1_skipped_steps == 2
+    assert all(torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))
+    assert set(trainer.lr_scheduler.get_last_lr()) == {args.learning_rate}  # linear decay never stepped
+
+
 def test_memory_per_gpu_follows_the_zero_papers_count():
     from or1_trl.trainer.sharding import gathered_gb, training_state_gb
 
