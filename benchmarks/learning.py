@@ -1300,4 +1300,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main() and 0)
+    main()
