@@ -94,18 +94,21 @@ def test_the_real_model_demo_end_to_end(tmp_path, capsys):
 
 
 def test_the_first_screen_installs_the_cpu_build_before_the_rest_and_runs_the_demo_without_accelerates_warning():
-    """A user copies the first block: exactly two commands, one that installs (PyTorch's CPU build before the install
-    that would pull the CUDA one) and runs the demo as `or1-trl demo` (`accelerate launch` without a config prints
-    six lines of defaults first), and one that runs the tests — the command `.ci/run` runs."""
+    """A user copies the first block: exactly two commands, one that installs (PyTorch at `.ci/run`'s version first,
+    from the index pip is configured with: a fresh machine here reaches no other) and runs the demo as `or1-trl demo`
+    (`accelerate launch` without a config prints six lines of defaults first), and one that runs the tests — the
+    command `.ci/run` runs."""
     with open(os.path.join(ROOT, "README.md")) as f:
         block = f.read().split("```bash\n", 1)[1].split("```", 1)[0]
     commands = [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
     assert len(commands) == 2, commands
     install_and_demo, tests = commands
     steps = [step.strip() for step in install_and_demo.split("&&")]
-    cpu = next(i for i, step in enumerate(steps) if "download.pytorch.org/whl/cpu" in step)
-    install = next(i for i, step in enumerate(steps) if step == 'pip install -e ".[dev]"')
-    assert cpu < install < len(steps) - 1 and steps[-1] == "or1-trl demo", steps
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        (ci_torch,) = re.findall(r"torch==\S+", f.read())
+    torch_step = steps.index(f"pip install {ci_torch}")  # no --index-url: it would replace the configured index
+    install = steps.index('pip install -e ".[dev]"')
+    assert torch_step < install < len(steps) - 1 and steps[-1] == "or1-trl demo", steps
     assert not any("accelerate launch" in step for step in steps)
     assert tests == "python -m pytest tests -q"
     with open(os.path.join(ROOT, ".ci", "run")) as f:
