@@ -240,7 +240,7 @@ def test_ladder_configs_without_a_server_generate_in_the_trainer(tmp_path):
         local = learning.ladder_config(arm, 3, str(tmp_path / arm), settings, None)
         assert not local.use_vllm and local.use_cpu == (not torch.cuda.is_available()) == served.use_cpu
         changed = {k for k, v in local.to_dict().items() if v != served.to_dict()[k]}
-        assert changed == {"use_vllm", "vllm_server_base_url"} | ({"vllm_weight_sync"} if arm != "grpo" else set()), arm
+        assert "use_vllm" in changed and all(key.startswith("vllm_") for key in changed - {"use_vllm"}), (arm, changed)
 
 
 def test_hf_evaluation_is_seeded_by_step_and_scores_every_sample(smollm2_dir):

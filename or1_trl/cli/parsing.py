@@ -108,8 +108,14 @@ def config_file_problem(argv: list[str]) -> str | None:
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """`HfArgumentParser`'s formatter (defaults shown), naming each flag once: `--max_steps`, not also its alias
-    `--max-steps` (which still works)."""
+    """`HfArgumentParser`'s formatter (defaults shown, unless the help already says its default: no `(default: None)`
+    after `(default: 150 tiny, 30 smollm2)`), naming each flag once: `--max_steps`, not also its alias `--max-steps`
+    (which still works)."""
+
+    def _get_help_string(self, action):
+        if "(default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
     def _format_action_invocation(self, action):
         strings = action.option_strings

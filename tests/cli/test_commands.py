@@ -126,10 +126,11 @@ def test_every_command_checks_its_config_file(capsys, tmp_path, command):
 def test_demo_help_prints_its_options_and_runs_nothing(tmp_path):
     result = or1_trl_cli("demo", "--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("usage: or1-trl demo [-h] [--output_dir OUTPUT_DIR] [--seed SEED]")
-    for option, default in (("--output_dir", "outputs/or1-demo"), ("--seed", "0"), ("--max_steps", "150"),
-                            ("--sft_steps", "60")):
-        assert re.search(rf"{option} \S+\s.*?\(default:\s+{re.escape(default)}\)", result.stdout, flags=re.S), option
+    assert result.stdout.startswith("usage: or1-trl demo [-h] [--model {tiny,smollm2}] [--output_dir OUTPUT_DIR]")
+    for option, default in (("--model", "tiny"), ("--output_dir", "outputs/or1-demo"), ("--seed", "0"),
+                            ("--max_steps", "150"), ("--sft_steps", "60"), ("--generation", "auto")):
+        assert re.search(rf"{option} \S+\s.*?\(default:\s+{re.escape(default)}[,) ]", result.stdout, flags=re.S), option
+    assert "(default: None)" not in result.stdout  # the model-dependent defaults are said once, in words
     assert os.listdir(tmp_path) == []  # no directory named --help, no outputs/
 
 

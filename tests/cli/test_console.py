@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -104,7 +105,14 @@ def train(files, *extra, interrupt=False):
          str(files / "train.jsonl"), "--reward_funcs", "interrupter.reward", "--output_dir", str(files / "out"),
          "--use_cpu", "true", "--bf16", "false", "--per_device_train_batch_size", "8", "--num_generations", "4",
          "--max_completion_length", "6", "--max_steps", "4", "--save_steps", "2", "--report_to", "none", *extra],
-        cwd=files, capture_output=True, text=True, timeout=600, env=env)
+        cwd=files, capture_output=True, text=True, timeout=600, env=env, preexec_fn=terminal_sigint)
+
+
+def terminal_sigint():
+    """In the child: SIGINT's default disposition, as a command started from a terminal has it. A test run started in
+    the background of a non-interactive shell (`cmd &`) inherits SIGINT ignored, and Python then installs no
+    KeyboardInterrupt handler: the interrupter's Ctrl-C would be lost and the run would go on."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_a_run_prints_a_line_per_step_ctrl_c_one_line_and_a_resume_what_it_took(run_files):
