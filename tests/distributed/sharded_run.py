@@ -141,3 +141,7 @@ def pushed_weights_scored_alike(options: dict, params: dict, tokenizer) -> float
 
 if __name__ == "__main__":
     main(sys.argv[1], json.loads(sys.argv[2]))
+    if torch.distributed.is_initialized():
+        # Before the interpreter exits: a ZeRO-3 rank left with its gloo group alive once aborted at exit ("terminate
+        # called without an active exception", SIGABRT) after its run had finished.
+        torch.distributed.destroy_process_group()
