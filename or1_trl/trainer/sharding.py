@@ -92,8 +92,7 @@ def _mark_skipped(optimizer, skipped: bool) -> None:
     `DeepSpeedOptimizerWrapper` only where DeepSpeed is installed: without it, no optimizer is one.)"""
     import accelerate.utils
 
-    wrapper = getattr(accelerate.utils, "DeepSpeedOptimizerWrapper", None) if accelerate.utils.is_deepspeed_available() \
-        else None
+    wrapper = getattr(accelerate.utils, "DeepSpeedOptimizerWrapper", None)
     if wrapper is not None and isinstance(optimizer, wrapper):
         optimizer.optimizer.overflow = skipped
     else:
