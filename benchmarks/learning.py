@@ -808,6 +808,19 @@ class LadderEvaluation(TrainerCallback):
               f"({wall:.0f} s training, {time.perf_counter() - before:.0f} s evaluating)", file=sys.stderr, flush=True)
 
 
+def training_entropy(log: list[dict]) -> dict:
+    """The entropy figures of a run's logged steps: the mean of the last fifth of the steps (`train_entropy`), the
+    minimum, and the step `collapse_detector` finds. A fully rejected step (`rejection/kept_group_frac` 0: no kept
+    token, no update) measured nothing: TRL logs its `entropy` as 0.0 there, so such steps are left out, as
+    `EntropyWatch` leaves them out in the trainer."""
+    measured = [(e["step"], e["entropy"]) for e in log if e.get("entropy") is not None
+                and not math.isnan(e["entropy"]) and e.get("rejection/kept_group_frac") != 0.0]
+    last_fifth = [h for step, h in measured if step > log[-1]["step"] - max(1, len(log) // 5)] if log else []
+    return {"train_entropy": statistics.mean(last_fifth) if last_fifth else float("nan"),
+            "min_train_entropy": min((h for _, h in measured), default=float("nan")),
+            "collapse_detector_step": collapse_detector(measured)}
+
+
 def collapse_detector(entropies: list[tuple[int, float]], target: float = 0.2) -> int | None:
     """The step at which `observability.EntropyWatch`, with its defaults and no controller (as for `GRPOTrainer`),
     would give its entropy-collapse warning for the logged `(step, entropy)` series; None if it would not."""
@@ -869,7 +882,6 @@ def ladder_run(arm: str, seed: int, settings: LadderSettings, url: str | None, f
         return statistics.mean(values) if values else float("nan")
 
     stage1 = [e for e in log if e.get("stage", 0) == 0] if arm != "grpo" else log[: max(1, settings.steps // 3)]
-    entropies = [(e["step"], e["entropy"]) for e in log if e.get("entropy") is not None and not math.isnan(e["entropy"])]
     watch = getattr(getattr(trainer, "_watch", None), "entropy", None)
     return {
         "arm": arm, "seed": seed, "settings": dataclasses.asdict(settings), "finished": time.strftime("%Y-%m-%d %H:%M"),
@@ -880,9 +892,7 @@ def ladder_run(arm: str, seed: int, settings: LadderSettings, url: str | None, f
         "start_accuracy": points[0]["accuracy"], "final_accuracy": mean("accuracy", final),
         "start_greedy": points[0]["greedy"], "final_greedy": mean("greedy", final),
         "final_rungs": {rung: statistics.mean(p["rungs"][rung] for p in final) for rung in points[-1]["rungs"]},
-        "eval_entropy": points[-1]["entropy"], "curve": points, "log": log,
-        "train_entropy": mean("entropy", log[-max(1, len(log) // 5):]), "min_train_entropy": min(
-            (e for _, e in entropies), default=float("nan")),
+        "eval_entropy": points[-1]["entropy"], "curve": points, "log": log, **training_entropy(log),
         "entropy_target": config.entropy_target if isinstance(config, OR1Config) and config.use_adaptive_entropy else None,
         "max_entropy_coef": max((e.get("entropy_coef", 0.0) for e in log), default=0.0),
         "informative_groups": 1 - mean("frac_reward_zero_std", log),
@@ -891,7 +901,6 @@ def ladder_run(arm: str, seed: int, settings: LadderSettings, url: str | None, f
         "truncation_stage1": mean("completions/clipped_ratio", stage1),
         "collapse_warning_step": evaluator.collapse_warning_step,
         "collapse_warned": bool(watch is not None and watch._warned_collapse),
-        "collapse_detector_step": collapse_detector(entropies),
         "trainer_pushes": pushes,
         "selection": selection,
         "loads": evaluator.loads, "total_s": time.perf_counter() - began,
@@ -923,6 +932,7 @@ def load_results(results_dir: str, settings: LadderSettings) -> dict[str, dict[i
             continue
         with open(os.path.join(results_dir, name)) as f:
             result = json.load(f)
+        result.update(training_entropy(result["log"]))  # from the log: results written before a fix stay comparable
         if result["settings"] != dataclasses.asdict(settings):
             raise SystemExit(f"{results_dir}/{name} was measured with other settings ({result['settings']}): use "
                              "another --results folder")

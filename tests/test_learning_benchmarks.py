@@ -302,6 +302,21 @@ def test_collapse_detector_and_bootstrap_difference_by_hand():
     assert learning.bootstrap_difference([2.0, 5.0], [1.0, 2.0]) == (2.0, 1.0, 3.0)
 
 
+def test_training_entropy_leaves_out_fully_rejected_steps():
+    """A fully rejected step (kept groups 0) trained on no token: TRL logs its entropy as 0.0, which is no measurement
+    (the trainer's `EntropyWatch` ignores it too); the last fifth, the minimum and the detector skip it."""
+    log = [{"step": s, "entropy": 1.0 + s / 10, "rejection/kept_group_frac": 0.5} for s in range(1, 11)]
+    log[8] = {"step": 9, "entropy": 0.0, "rejection/kept_group_frac": 0.0}  # skipped: nothing measured
+    got = learning.training_entropy(log)
+    assert got["train_entropy"] == 2.0  # last fifth = steps 9-10; step 9 left out -> step 10 alone
+    assert got["min_train_entropy"] == 1.1 and got["collapse_detector_step"] is None
+    grpo = [{"step": s, "entropy": 0.05} for s in range(1, 13)]  # no rejection key: every step counts
+    assert learning.training_entropy(grpo) == {"train_entropy": 0.05, "min_train_entropy": 0.05,
+                                               "collapse_detector_step": 10}
+    skipped = [{"step": s, "entropy": 0.0, "rejection/kept_group_frac": 0.0} for s in range(1, 13)]
+    assert learning.training_entropy(skipped)["collapse_detector_step"] is None  # 12 skipped steps are no collapse
+
+
 def fake_result(arm, seed, settings, *, wall, steps, final, start=0.2, warned=False, detector=None):
     curve = [{"step": 0, "accuracy": start, "greedy": 0.3, "wall_s": 0.0, "tokens": 0, "rungs": {"add1": 0.3, "add2": 0.1}},
              {"step": steps, "accuracy": final, "greedy": 0.6, "wall_s": wall, "tokens": 100 * steps}]
