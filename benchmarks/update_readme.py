@@ -2,7 +2,7 @@
 
     python benchmarks/update_readme.py demo                 # one benchmark (see --list)
     python benchmarks/update_readme.py --all                # all (memory: ~32 min and 20 GB of RAM; learning: ~30 min;
-                                                            # learning_ladder: hours, resumable; others minutes)
+                                                            # learning_ladder: the finished runs' report; others minutes)
     python benchmarks/update_readme.py demo --quick --page /tmp/benchmarks.md    # tiny settings, into a copy
 
 Each benchmark has one block in the documentation (`docs/benchmarks.md`; any page of `docs/`, or README.md, may hold
@@ -57,9 +57,11 @@ BENCHMARKS = {
     "real_step_time": Benchmark("benchmarks/real_step_time.py", (), ("--quick",)),
     "real_demo": Benchmark("benchmarks/real_demo.py", (), ("--quick",)),
     "learning": Benchmark("benchmarks/learning.py", (), ("--quick",)),
-    # the real-model arms: each run's result is kept in benchmarks/results/learning_ladder and a relaunch skips it, so
-    # once the matrix has run (hours) this writes the block from the results without running anything
-    "learning_ladder": Benchmark("benchmarks/learning.py", ("--ladder", "--plot", "docs/learning_ladder.png"),
+    # the real-model arms: the runs take hours and go in the background (`python benchmarks/learning.py --ladder`, each
+    # result kept in benchmarks/results/learning_ladder, a relaunch skips it); this writes the block and the plot from
+    # the runs finished so far, without running anything (the block says which runs and under what load they ran)
+    "learning_ladder": Benchmark("benchmarks/learning.py",
+                                 ("--ladder", "--report-only", "--plot", "docs/learning_ladder.png"),
                                  ("--ladder", "--quick"), block="benchmarks/learning.py ladder"),
     "rollout_correction": Benchmark("benchmarks/rollout_correction.py", (), ("--quick",)),
     "packing": Benchmark("benchmarks/packing.py", (), ("--quick",)),
