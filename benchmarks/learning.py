@@ -808,13 +808,18 @@ class LadderEvaluation(TrainerCallback):
               f"({wall:.0f} s training, {time.perf_counter() - before:.0f} s evaluating)", file=sys.stderr, flush=True)
 
 
+def measured_entropies(log: list[dict]) -> list[tuple[int, float]]:
+    """`(step, entropy)` of the logged steps that measured one (see `training_entropy`)."""
+    return [(e["step"], e["entropy"]) for e in log if e.get("entropy") is not None and not math.isnan(e["entropy"])
+            and e.get("rejection/kept_group_frac") != 0.0]
+
+
 def training_entropy(log: list[dict]) -> dict:
     """The entropy figures of a run's logged steps: the mean of the last fifth of the steps (`train_entropy`), the
     minimum, and the step `collapse_detector` finds. A fully rejected step (`rejection/kept_group_frac` 0: no kept
     token, no update) measured nothing: TRL logs its `entropy` as 0.0 there, so such steps are left out, as
     `EntropyWatch` leaves them out in the trainer."""
-    measured = [(e["step"], e["entropy"]) for e in log if e.get("entropy") is not None
-                and not math.isnan(e["entropy"]) and e.get("rejection/kept_group_frac") != 0.0]
+    measured = measured_entropies(log)
     last_fifth = [h for step, h in measured if step > log[-1]["step"] - max(1, len(log) // 5)] if log else []
     return {"train_entropy": statistics.mean(last_fifth) if last_fifth else float("nan"),
             "min_train_entropy": min((h for _, h in measured), default=float("nan")),
@@ -1141,12 +1146,10 @@ def ladder_plot(results: dict, settings: LadderSettings, path: str) -> None:
                 ax.plot(steps, [statistics.mean(r["curve"][i][key] for r in runs) for i in range(len(steps))],
                         color=color, linewidth=2, marker="o", markersize=3,
                         label=f"{LADDER_NAMES[arm]} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
-        logged = [[(e["step"], e["entropy"]) for e in r["log"] if e.get("entropy") is not None] for r in runs]
-        common = sorted(set.intersection(*(set(s for s, _ in series) for series in logged))) if logged else []
-        if common:
-            values = [dict(series) for series in logged]
-            axes[2].plot(common, [statistics.mean(v[s] for v in values) for s in common], color=color, linewidth=1.5,
-                         label=LADDER_NAMES[arm])
+        logged = [dict(measured_entropies(r["log"])) for r in runs]  # a fully rejected step measured nothing
+        if steps_logged := sorted(set().union(*logged)):  # the mean over the seeds that measured the step
+            axes[2].plot(steps_logged, [statistics.mean(v[s] for v in logged if s in v) for s in steps_logged],
+                         color=color, linewidth=1.5, label=LADDER_NAMES[arm])
     axes[0].axhline(settings.target, color="black", linestyle="--", linewidth=1, label=f"target {settings.target:.2f}")
     axes[2].axhline(0.2, color="black", linestyle="--", linewidth=1, label="entropy target 0.2 (OR1 arms)")
     for ax in axes:
