@@ -817,8 +817,9 @@ def measured_entropies(log: list[dict]) -> list[tuple[int, float]]:
 def training_entropy(log: list[dict]) -> dict:
     """The entropy figures of a run's logged steps: the mean of the last fifth of the steps (`train_entropy`), the
     minimum, and the step `collapse_detector` finds. A fully rejected step (`rejection/kept_group_frac` 0: no kept
-    token, no update) measured nothing: TRL logs its `entropy` as 0.0 there, so such steps are left out, as
-    `EntropyWatch` leaves them out in the trainer."""
+    token, no update) measured nothing: such steps are left out, as `EntropyWatch` leaves them out in the trainer
+    (`OR1Trainer` logs their `entropy` as None; results written before it did hold TRL's 0.0, which `GRPOTrainer`
+    still logs)."""
     measured = measured_entropies(log)
     last_fifth = [h for step, h in measured if step > log[-1]["step"] - max(1, len(log) // 5)] if log else []
     return {"train_entropy": statistics.mean(last_fifth) if last_fifth else float("nan"),

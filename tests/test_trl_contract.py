@@ -116,7 +116,8 @@ CONTRACT: list[Use] = [
     Use(GRPO, "_tag_names", CLASS_ATTRIBUTE, None, "trainer.py sets it: the Hub tags of the model card (+ 'or1')"),
     # --- GRPOTrainer: its state OR1Trainer reads or writes -------------------------------------------------------
     Use(GRPO, "_metrics", ATTRIBUTE, None, "trainer.py appends OR1's metrics to TRL's {'train'|'eval': {key: [..]}}; "
-        "rollout_correction.py replaces the last sampling/importance_sampling_ratio/* entries TRL appended"),
+        "rollout_correction.py replaces the last sampling/importance_sampling_ratio/* entries TRL appended; "
+        "trainer.py sets TRL's last `entropy` entry to NaN on a micro-step with no kept token (TRL's `log` drops NaN)"),
     Use(GRPO, "_step", ATTRIBUTE, None, "trainer.py resets TRL's generation counter at a stage start"),
     Use(GRPO, "_buffered_inputs", ATTRIBUTE, None, "trainer.py drops TRL's buffered rollout at a stage start"),
     Use(GRPO, "_last_loaded_step", ATTRIBUTE, None,

@@ -39,6 +39,7 @@ With every OR1 feature off (`rejection_sampling="off"`, `use_adaptive_entropy=Fa
 
 from __future__ import annotations
 
+import math
 import os
 from contextlib import nullcontext
 
@@ -310,6 +311,8 @@ class OR1Trainer(GRPOTrainer):
         compact = mode == "train" and _or1(self.args, "rejection_sampling") == "compact"
         with row_gathers_padded(self.accelerator, active=compact):
             trl_loss = super()._compute_loss(model, {**inputs, "tool_mask": mask})
+        if not self._sum_over_ranks(mask.sum().float().reshape(1)).item():  # no kept token on any rank
+            self._metrics[mode]["entropy"][-1] = math.nan  # TRL's 0.0 measured nothing; its `log` leaves NaN out
         policy_pass, self._policy_pass = self._policy_pass, None
         logps, entropies, aux_loss = policy_pass["outputs"]  # [b, T], [b, T], scalar
 

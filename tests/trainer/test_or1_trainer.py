@@ -104,6 +104,7 @@ def test_all_rejected_step_is_skipped(tmp_path):
     assert logged(trainer, "skipped_steps") == [1.0, 2.0, 3.0]
     assert trainer.or1_rows_forwarded == 3 * 2  # one zero-weight row per micro-step
     assert trainer.entropy_controller.coef == 0.0  # nothing measured: c unchanged although tgt is huge
+    assert logged(trainer, "entropy") == [None] * 3  # nothing measured: not TRL's 0.0 (a collapse on a dashboard)
 
 
 def test_skipped_steps_is_logged_as_a_count_never_averaged(tmp_path):
@@ -125,6 +126,10 @@ def test_skip_applies_only_to_rejected_steps(tmp_path):
     assert 0 < skipped < 6  # this seed draws both kinds of step
     assert trainer.or1_skipped_steps == skipped
     assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    # the entropy of a step is logged where it measured kept tokens, and only there (1 micro-step per step)
+    entropy = logged(trainer, "entropy")
+    assert [h is None for h in entropy] == [k == 0 for k in reward.informative_rows]
+    assert all(h > 0 for h in entropy if h is not None)
 
 
 def test_controller_follows_eq_3_2_during_training(tmp_path):
