@@ -105,7 +105,7 @@ class VLLMServer:
         self.port = port
         self.sync_root = workdir.parent  # pytest's base temp: every test's tmp_path; and /dev/shm, the default dir
         self.log_path = workdir / "vllm_server.log"
-        self.api_key = secrets.token_urlsafe(32)
+        self.api_key = secrets.token_hex(32)  # hex: never a leading '-', which `--flag KEY` would read as a flag
         self.headers = {"Authorization": f"Bearer {self.api_key}"}
         self._command = [sys.executable, "-m", "or1_trl.cli", "serve", self.model_path, "--weight-sync", "disk",
                          "--host", "127.0.0.1", "--port", str(port), "--sync-root", "/dev/shm", str(self.sync_root),

@@ -130,7 +130,8 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
     parser = train_parser(prog)
     script_args, training_args, model_args = parse_command(parser, argv)
     # The server's key lives in `training_args` only: not in the command line W&B records (`OR1Config` never saves it).
-    hide_flag_value("--vllm_server_api_key", API_KEY_PLACEHOLDER)
+    for spelling in ("--vllm_server_api_key", "--vllm-server-api-key"):  # the parser takes both
+        hide_flag_value(spelling, API_KEY_PLACEHOLDER)
     # The rewards, the model path, output_dir, the dataset: before the model trains. Ctrl-C: one line, exit 130.
     with stop_on_interrupt(parser), input_errors(parser), console_output(training_args):
         trainer = build_trainer(script_args, training_args, model_args)

@@ -250,7 +250,7 @@ def build_command(
         raise ValueError(
             f"refusing to listen on {host} without an API key: anyone reaching the port could call the server's "
             f"worker methods and replace its weights. Set one with `export {API_KEY_ENV}=$(python -c 'import "
-            "secrets; print(secrets.token_urlsafe(32))')` (or --api-key) and give the trainer the same variable."
+            "secrets; print(secrets.token_hex(32))')` (or --api-key) and give the trainer the same variable."
         )
     argv = [python or sys.executable, "-m", SERVER_MODULE, "--model", model]
     argv += ["--host", host, "--port", str(port)]

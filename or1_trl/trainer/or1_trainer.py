@@ -39,7 +39,6 @@ With every OR1 feature off (`rejection_sampling="off"`, `use_adaptive_entropy=Fa
 
 from __future__ import annotations
 
-import math
 import os
 from contextlib import nullcontext
 
@@ -301,8 +300,7 @@ class OR1Trainer(GRPOTrainer):
             return super()._compute_loss(model, inputs)
         mode = "train" if self.model.training else "eval"
         mask = loss_mask(inputs)  # [b, T] kept tokens
-        if mode == "train":
-            self.or1_rows_forwarded += mask.size(0)
+        self.or1_rows_forwarded += mask.size(0) if mode == "train" else 0
         # TRL's policy loss, whatever its loss_type / β / GSPO / off-policy mask, on the kept tokens (TRL's mask is
         # completion_mask · tool_mask); its own entropy bonus off, ours below. The policy pass is kept for the bonus.
         self._entropy_bonus_enabled, self._policy_pass = False, {}
@@ -311,8 +309,6 @@ class OR1Trainer(GRPOTrainer):
         compact = mode == "train" and _or1(self.args, "rejection_sampling") == "compact"
         with row_gathers_padded(self.accelerator, active=compact):
             trl_loss = super()._compute_loss(model, {**inputs, "tool_mask": mask})
-        if not self._sum_over_ranks(mask.sum().float().reshape(1)).item():  # no kept token on any rank
-            self._metrics[mode]["entropy"][-1] = math.nan  # TRL's 0.0 measured nothing; its `log` leaves NaN out
         policy_pass, self._policy_pass = self._policy_pass, None
         logps, entropies, aux_loss = policy_pass["outputs"]  # [b, T], [b, T], scalar
 
@@ -354,9 +350,11 @@ class OR1Trainer(GRPOTrainer):
         return self.accelerator.reduce(stats, reduction="sum")
 
     def _log_loss_metrics(self, mode, policy_loss, alpha, entropies, mask):
-        """Ours besides TRL's (`entropy`, `clip_ratio/*`, `kl` over the kept tokens): α, the policy part of the loss,
-        and the step's entropy over kept tokens (all ranks) for the entropy watch."""
+        """Ours besides TRL's (`entropy`, `clip_ratio/*`, `kl` over the kept tokens; `entropy` NaN, so not logged, when
+        no rank kept a token): α, the policy part of the loss, and the step's kept-token entropy for the entropy watch."""
         metrics = self._metrics[mode]
+        if not self._sum_over_ranks(mask.sum().float().reshape(1)).item():  # no kept token on any rank: TRL's
+            metrics["entropy"][-1] = float("nan")  # `entropy` 0.0 measured nothing; its `log` leaves NaN out
         metrics["entropy/alpha"].append(alpha)
         metrics["entropy/active"].append(float(alpha != 0.0))
         metrics["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
@@ -481,8 +479,7 @@ class OR1Trainer(GRPOTrainer):
             getattr(self.args, "max_prompt_length", None), self.args.vllm_max_model_length if self.use_vllm else None,
             strict=isinstance(self.args, OR1Config), is_vlm=self._is_vlm,
             tokenised_elsewhere=self.rollout_func is not None or self.environment_factories is not None,
-            warn=logger.warning if self.accelerator.is_main_process else lambda message: None,
-        )
+            warn=logger.warning if self.accelerator.is_main_process else lambda message: None)
 
     def _tokenize_prompts(self, prompts: list):
         prompt_ids, images, multimodal_fields = super()._tokenize_prompts(prompts)

@@ -436,6 +436,23 @@ def test_the_command_line_python_holds_loses_a_secret_once_parsed(monkeypatch):
     assert hide_flag_value("--vllm_server_api_key", "<KEY>") == 0
 
 
+def test_train_hides_the_key_in_either_spelling(monkeypatch, tmp_path):
+    """The parser takes `--vllm-server-api-key` as well: `or1-trl train` hides that spelling's value too, before the
+    model loads (here a missing model path stops it: exit 2, the key already gone from `sys.argv`)."""
+    from or1_trl.cli.train import train
+
+    argv = ["--vllm-server-api-key", "k1", "--vllm_server_api_key=k2", "--model_name_or_path", str(tmp_path / "none"),
+            "--dataset_name", str(tmp_path / "none.jsonl"), "--output_dir", str(tmp_path / "out")]
+    monkeypatch.setattr(sys, "argv", ["or1-trl", "train", *argv])
+    monkeypatch.setattr(sys, "orig_argv", [sys.executable, "-m", "or1_trl.cli", "train", *argv])
+    with pytest.raises(SystemExit) as stop:
+        train(argv)
+    assert stop.value.code == 2
+    for held in (sys.argv, sys.orig_argv):
+        assert "k1" not in held and "--vllm_server_api_key=k2" not in held
+        assert held.count("<VLLM_SERVER_API_KEY>") == 1 and "--vllm_server_api_key=<VLLM_SERVER_API_KEY>" in held
+
+
 def test_a_key_given_as_a_flag_is_never_written(vllm_server, tmp_path):
     """Issue 32, point 5: `or1-trl train --vllm_server_api_key K --report_to wandb` (offline) against the keyed
     server, with a checkpoint and the final save: K is in no byte under the output directory (the unpickled
