@@ -350,14 +350,14 @@ class OR1Trainer(GRPOTrainer):
         return self.accelerator.reduce(stats, reduction="sum")
 
     def _log_loss_metrics(self, mode, policy_loss, alpha, entropies, mask):
-        """Ours besides TRL's (`entropy`, `clip_ratio/*`, `kl` over the kept tokens; `entropy` NaN, so not logged, when
-        no rank kept a token): α, the policy part of the loss, and the step's kept-token entropy for the entropy watch."""
+        """Ours besides TRL's: α, policy loss, the entropy watch's input; `entropy` NaN where no rank kept a token."""
         metrics = self._metrics[mode]
-        if not self._sum_over_ranks(mask.sum().float().reshape(1)).item():  # no kept token on any rank: TRL's
-            metrics["entropy"][-1] = float("nan")  # `entropy` 0.0 measured nothing; its `log` leaves NaN out
+        losses, kept = self.accelerator.gather(torch.stack([policy_loss.float(), mask.sum()])[None]).T  # [ranks] each
+        if not kept.sum().item():  # no kept token on any rank: TRL's 0.0 `entropy` measured nothing; NaN: not logged
+            metrics["entropy"][-1] = float("nan")
         metrics["entropy/alpha"].append(alpha)
         metrics["entropy/active"].append(float(alpha != 0.0))
-        metrics["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
+        metrics["policy_loss"].append(losses.nanmean().item())
         if mode == "train":
             metrics["rejection/rows_forwarded"].append(float(mask.size(0)))
             self._watch.entropy.add(entropies.detach(), mask)  # summed over ranks once, at the step's end
