@@ -204,10 +204,12 @@ class Isolation:
             paths.append(self.python)  # e.g. a link to the interpreter in a directory of its own
         return _dedupe_under(paths)
 
-    def _bwrap_cmd(self, uid: int | None) -> list[str]:
+    def _bwrap_cmd(self, uid: int | None, seccomp_fd: int | None = None) -> list[str]:
         driver_in = "/.or1_sandbox/driver.py"
-        cmd = [self.bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-               "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+        # seccomp_fd: a filter for bwrap to load (the watchdog's: memory.shared_memory_filter)
+        cmd = [self.bwrap] + (["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else [])
+        cmd += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                "--die-with-parent", "--new-session", "--hostname", "sandbox"]
         if not self.is_root:
             cmd += ["--unshare-user", "--disable-userns", "--uid", "65534", "--gid", "65534"]
         # The private mounts first: the read-only binds below are layered on top of them, so an interpreter or

@@ -10,10 +10,32 @@ RLIMIT_AS bounds one process; a program that forks N children may use N times th
   (``echo 0 > cgroup.procs``), so every process of the sample is inside; the cgroup is emptied and removed afterwards.
   It needs the sandbox's first process to run with the trainer's credentials: bwrap and unshare (root or
   delegated), or the rlimit backend of an unprivileged trainer.
-* **watchdog** (otherwise): a thread of the trainer sums the resident memory of each running sample's process tree
-  every ``WATCHDOG_INTERVAL_S`` and SIGKILLs the tree past its bound (the sample then fails with ``memory_limit``).
-  Between two looks a tree can overshoot, so the defaults also keep ``max_processes × memory_mb`` (each process's
-  RLIMIT_AS times the process cap) within the sample's share of the machine.
+* **watchdog** (otherwise): a thread of the trainer measures each running sample's process tree every
+  ``WATCHDOG_INTERVAL_S`` (:func:`tree_memory`) and SIGKILLs the tree past its bound (the sample then fails with
+  ``memory_limit``). Between two looks a tree can overshoot, so the defaults also keep ``max_processes × memory_mb``
+  (each process's RLIMIT_AS times the process cap) within the sample's share of the machine.
+
+What the watchdog counts. Resident memory alone misses shared memory, which a program can hold outside every
+process's resident set (60 memfds of 16 MiB, written and never mapped, are 960 MiB that no RSS shows). The invariant:
+every page a sample can hold is either in the address space of one of its processes (bounded by RLIMIT_AS ×
+``max_processes``, its resident part counted) or counted once as part of an object:
+
+* private memory: RssAnon + RssFile of each process;
+* shared-memory files — memfds, ``MAP_SHARED|MAP_ANONYMOUS`` regions, SysV segments (all on the kernel's internal
+  shmem mount) and files of a tmpfs the sandbox shares with the host — at their allocated size, each (device, inode)
+  once, whether held by a descriptor (/proc/<pid>/fd; for the non-dumpable driver and tests of an unprivileged
+  trainer, /proc/<pid>/fdinfo and ``pidfd_getfd``) or by a mapping (/proc/<pid>/maps, sized through map_files);
+* the tmpfs mounts private to the sandbox (its /tmp, bwrap's /dev), as a whole (statvfs), which covers files
+  written there and closed;
+* SysV segments no process maps any longer, read in the sample's own IPC namespace (``setns`` of the watchdog
+  thread), and refused outright under the watchdog in bwrap (a seccomp filter, :func:`shared_memory_filter`: bwrap
+  ``--seccomp``), since an unprivileged trainer cannot read them.
+
+Where the trainer lacks CAP_SYS_ADMIN (map_files, setns) a mapping's object counts by its resident pages in each
+process (RssShmem), so a region one process wrote and another holds untouched is bounded only by that process's
+RLIMIT_AS. Memory the kernel holds for a sample (pipe and socket buffers, descriptors in flight over a unix socket)
+is not counted: only a cgroup accounts for it. A look costs about 0.1-0.2 ms per process of the tree on top of the
+process table (the program's /proc/<pid>/status, fds and maps; the sandbox's mountinfo and statvfs).
 
 :func:`sample_limits` derives the defaults from the machine's memory (the smaller of physical memory and the
 trainer's own cgroup limit) and the number of samples that run at once on it.
@@ -25,11 +47,13 @@ import itertools
 import os
 import re
 import signal
+import stat
 import threading
 import time
 
 __all__ = ["WATCHDOG", "SampleCgroup", "TreeWatchdog", "cgroup_parent", "cgroup_unavailable_reasons",
-           "concurrent_samples", "machine_memory_mb", "sample_limits", "tree_of"]
+           "concurrent_samples", "machine_memory_mb", "sample_limits", "shared_memory_filter", "tree_memory",
+           "tree_of"]
 
 WATCHDOG_INTERVAL_S = 0.05
 #: Share of the machine's memory that the concurrent samples may use together (the rest is the trainer's).
@@ -323,6 +347,42 @@ class SampleCgroup:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Shared memory no process maps: refused under the watchdog (bwrap)
+# ---------------------------------------------------------------------------------------------------------
+
+#: Per architecture (``os.uname().machine``): its seccomp audit arch, and the system calls that make memory the
+#: watchdog of an unprivileged trainer cannot see, refused with EPERM: SysV segments (they outlive every mapping and
+#: descriptor; reading them needs CAP_SYS_ADMIN) and secret memfds (memory no file system shows). Plain memfds stay
+#: allowed (the driver passes each test's stdin in one): they are counted.
+_REFUSED_SYSCALLS = {
+    "x86_64": (0xC000003E, {"shmget": 29, "memfd_secret": 447}),
+    "aarch64": (0xC00000B7, {"shmget": 194, "memfd_secret": 447}),
+}
+_X32_BIT = 0x40000000
+
+
+def shared_memory_filter(machine: str | None = None) -> bytes | None:
+    """A seccomp filter (classic BPF, ``struct sock_filter[]``, the format of bwrap's ``--seccomp FD``) that refuses,
+    with EPERM, the system calls of ``_REFUSED_SYSCALLS`` and every system call of another ABI (i386 via
+    ``int 0x80``, x32), where the numbers differ; it allows everything else. None on other architectures."""
+    import errno
+    import struct
+
+    arch, numbers = _REFUSED_SYSCALLS.get(machine or os.uname().machine, (None, None))
+    if arch is None:
+        return None
+    ld_abs, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K, ...|BPF_JGE, BPF_RET
+    checks = ([(jge, _X32_BIT)] if arch == 0xC000003E else []) + [(jeq, nr) for nr in sorted(numbers.values())]
+    deny = 4 + len(checks) + 1  # the index of the refusing return
+    prog = [(ld_abs, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, 0x00050000 | errno.EPERM),  # seccomp_data.arch
+            (ld_abs, 0, 0, 0)]  # seccomp_data.nr
+    for op, k in checks:
+        prog.append((op, deny - (len(prog) + 1), 0, k))
+    prog += [(ret, 0, 0, 0x7FFF0000), (ret, 0, 0, 0x00050000 | errno.EPERM)]  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO
+    return b"".join(struct.pack("=HBBI", *insn) for insn in prog)
+
+
+# ---------------------------------------------------------------------------------------------------------
 # The watchdog
 # ---------------------------------------------------------------------------------------------------------
 
@@ -369,18 +429,264 @@ def tree_of(root: int, table: dict[int, tuple[int, int]], children: dict[int, li
     return tree
 
 
+# ---------------------------------------------------------------------------------------------------------
+# A tree's memory: resident memory and what it holds in shared memory
+# ---------------------------------------------------------------------------------------------------------
+
+_CLONE_NEWIPC = 0x08000000
+_SYS_PIDFD_GETFD = 438  # the same number on every architecture (new system calls share one table)
+_STATUS_FIELDS = {b"RssAnon:": 0, b"RssFile:": 1, b"RssShmem:": 2}
+
+
+def _shmem_device() -> int | None:
+    """``st_dev`` of the kernel's internal shmem mount, which holds every memfd, ``MAP_SHARED|MAP_ANONYMOUS`` region
+    and SysV segment (read from a memfd of this process's own); None where memfds do not exist."""
+    try:
+        fd = os.memfd_create("or1-shmem-probe")
+    except (AttributeError, OSError):
+        return None
+    try:
+        return os.fstat(fd).st_dev
+    finally:
+        os.close(fd)
+
+
+def _libc():
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc if hasattr(libc, "setns") else None
+    except (OSError, AttributeError):
+        return None
+
+
+_SHMEM_DEV = _shmem_device()
+_LIBC = _libc()
+
+
+def _tmpfs_mounts(mountinfo: str) -> dict[int, str]:
+    """``st_dev`` -> mount point of each tmpfs in a mountinfo file (points relative to its process's root)."""
+    found = {}
+    try:
+        with open(mountinfo, "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        left, _, right = line.partition(b" - ")
+        if right.startswith(b"tmpfs "):
+            fields = left.split()
+            major, minor = fields[2].split(b":")
+            point = fields[4].decode("utf-8", "surrogateescape").replace("\\040", " ")
+            found.setdefault(os.makedev(int(major), int(minor)), point)
+    return found
+
+
+def _ns_id(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+class _HostView:
+    """The trainer's own side of one look: its tmpfs devices and its mount and IPC namespaces."""
+
+    __slots__ = ("tmpfs", "mnt_ns", "ipc_ns")
+
+    def __init__(self):
+        self.tmpfs = _tmpfs_mounts("/proc/self/mountinfo")
+        self.mnt_ns = _ns_id("/proc/self/ns/mnt")
+        self.ipc_ns = _ns_id("/proc/self/ns/ipc")  # the main thread's: the watchdog thread may visit a sample's
+
+
+def _status_rss(pid: int) -> tuple[int, int, int] | None:
+    """``(RssAnon, RssFile, RssShmem)`` of a process in bytes, from /proc/<pid>/status."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    values = [0, 0, 0]
+    for line in lines:
+        key, _, rest = line.partition(b"\t")
+        i = _STATUS_FIELDS.get(key)
+        if i is not None:
+            values[i] = int(rest.split()[0]) << 10  # kB
+    return values[0], values[1], values[2]
+
+
+def _fd_objects(pid: int, devices: set, objects: dict):
+    """Add each shared-memory file ``pid`` holds open (a file of ``devices``) to ``objects``: (dev, inode) -> its
+    allocated bytes. A process that is not dumpable (the driver and its tests) has its /proc/<pid>/fd owned by root:
+    an unprivileged trainer lists /proc/<pid>/fdinfo instead and takes a copy of each descriptor (``pidfd_getfd``,
+    allowed to the owner of the sandbox's user namespace)."""
+    base = f"/proc/{pid}/fd"
+    try:
+        fds = os.listdir(base)
+    except PermissionError:
+        _fd_objects_by_pidfd(pid, devices, objects)
+        return
+    except OSError:
+        return
+    for fd in fds:
+        try:
+            st = os.stat(f"{base}/{fd}")
+        except OSError:
+            continue
+        _add_object(st, devices, objects)
+
+
+def _add_object(st: os.stat_result, devices: set, objects: dict):
+    if st.st_dev in devices and stat.S_ISREG(st.st_mode):
+        objects[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+
+
+def _fd_objects_by_pidfd(pid: int, devices: set, objects: dict):
+    """:func:`_fd_objects` through ``pidfd_getfd`` (Linux 5.6)."""
+    if _LIBC is None or not hasattr(os, "pidfd_open"):
+        return
+    try:
+        fds = os.listdir(f"/proc/{pid}/fdinfo")
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        for fd in fds:
+            copy = _LIBC.syscall(_SYS_PIDFD_GETFD, pidfd, int(fd), 0)
+            if copy < 0:
+                continue
+            try:
+                _add_object(os.fstat(copy), devices, objects)
+            finally:
+                os.close(copy)
+    finally:
+        os.close(pidfd)
+
+
+def _mapped_objects(pid: int, devices: dict, objects: dict, w: "_Watch"):
+    """Add each shared-memory file ``pid`` has mapped (its device's ``maps`` spelling in ``devices``) to ``objects``,
+    sized through /proc/<pid>/map_files (which needs CAP_SYS_ADMIN: without it ``w.map_files`` turns False and the
+    caller counts the mapped pages that are resident instead)."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        fields = line.split(None, 5)
+        if len(fields) < 5 or fields[3] not in devices:
+            continue
+        dev, ino = devices[fields[3]], int(fields[4])
+        key = ("sysv", ino) if len(fields) > 5 and fields[5].startswith(b"/SYSV") else (dev, ino)
+        if key in objects or not w.map_files:
+            continue
+        try:
+            st = os.stat(f"/proc/{pid}/map_files/{fields[0].decode()}")
+        except PermissionError:
+            w.map_files = False
+            return
+        except OSError:  # unmapped meanwhile
+            continue
+        objects[key] = st.st_blocks * 512
+
+
+def _sysv_segments(pid: int, host: _HostView, w: "_Watch") -> dict:
+    """("sysv", shmid) -> bytes (resident + swapped) of each SysV segment in the IPC namespace of ``pid``, when that
+    namespace is the sample's own (bwrap, unshare). Read by moving the watchdog thread into the namespace and back
+    (``setns``, which needs CAP_SYS_ADMIN: without it ``w.sysv`` turns False)."""
+    if not w.sysv or _LIBC is None or host.ipc_ns is None:
+        return {}
+    try:
+        fd = os.open(f"/proc/{pid}/ns/ipc", os.O_RDONLY)
+    except OSError:
+        return {}
+    segments = {}
+    try:
+        if os.fstat(fd).st_ino == host.ipc_ns:  # the trainer's namespace: its segments are not the sample's alone
+            return {}
+        back = os.open("/proc/self/ns/ipc", os.O_RDONLY)
+        try:
+            if _LIBC.setns(fd, _CLONE_NEWIPC) != 0:
+                w.sysv = False
+                return {}
+            try:
+                with open("/proc/sysvipc/shm", "rb") as f:
+                    lines = f.read().splitlines()[1:]
+            finally:
+                _LIBC.setns(back, _CLONE_NEWIPC)
+        finally:
+            os.close(back)
+    finally:
+        os.close(fd)
+    for line in lines:
+        fields = line.split()  # key shmid perms size cpid lpid nattch uid gid cuid cgid atime dtime ctime rss swap
+        held = int(fields[14]) + int(fields[15]) if len(fields) >= 16 else int(fields[3])
+        segments[("sysv", int(fields[1]))] = held
+    return segments
+
+
+def tree_memory(tree: list[int], table: dict[int, tuple[int, int]], host: _HostView | None = None,
+                w: "_Watch | None" = None) -> int:
+    """Bytes of memory a process tree holds: its resident memory, and its shared memory, each object once.
+
+    * private memory: RssAnon + RssFile of each process;
+    * shared memory objects, by (device, inode), at their allocated size: memfds, SysV segments,
+      ``MAP_SHARED|MAP_ANONYMOUS`` regions and files of a tmpfs the sandbox shares with the host, held by a
+      descriptor (/proc/<pid>/fd) or a mapping (/proc/<pid>/maps and map_files, root only); SysV segments no process
+      maps any longer are read from the sample's own IPC namespace (root only);
+    * the tmpfs mounts private to the sandbox (its /tmp, bwrap's /dev; found in the mountinfo of a process of the
+      tree in another mount namespace than the trainer's), as a whole: used blocks (statvfs).
+
+    Without the rights for map_files and SysV (an unprivileged trainer) the resident shared pages of each process
+    (RssShmem) count instead of the mapped objects. ``host`` None: resident memory only (the table's RSS).
+    """
+    if host is None:
+        return sum(table[p][1] for p in tree)
+    w = w or _Watch(0, 0, None)
+    inside = next((p for p in reversed(tree) if _ns_id(f"/proc/{p}/ns/mnt") not in (None, host.mnt_ns)), None)
+    tmpfs = _tmpfs_mounts(f"/proc/{inside}/mountinfo") if inside else host.tmpfs
+    private = {dev: point for dev, point in tmpfs.items() if dev not in host.tmpfs} if inside else {}
+    shared_devs = {dev for dev in (_SHMEM_DEV, *tmpfs) if dev is not None and dev not in private}
+    maps_devs = {f"{os.major(d):02x}:{os.minor(d):02x}".encode(): d for d in shared_devs}
+    objects = _sysv_segments(inside, host, w) if inside else {}
+    total = resident_shared = 0
+    for pid in tree:
+        rss = _status_rss(pid)
+        if rss is None:
+            continue
+        if pid != tree[0]:  # the tree's root is the sandbox's launcher (bwrap, unshare, the driver): trusted
+            _fd_objects(pid, shared_devs, objects)
+            if w.map_files:  # maps costs ~0.13 ms a process: read only where it can size what it finds
+                _mapped_objects(pid, maps_devs, objects, w)
+        total += rss[0] + rss[1]
+        resident_shared += rss[2]
+    if not w.map_files:
+        total += resident_shared
+    for point in private.values():
+        try:
+            fs = os.statvfs(f"/proc/{inside}/root{point}")
+        except OSError:
+            continue
+        total += (fs.f_blocks - fs.f_bfree) * fs.f_frsize
+    return total + sum(objects.values())
+
+
 class _Watch:
-    __slots__ = ("root", "bound", "cgroup", "peak", "exceeded")
+    __slots__ = ("root", "bound", "cgroup", "peak", "exceeded", "map_files", "sysv")
 
     def __init__(self, root: int, bound: int, cgroup: "SampleCgroup | None"):
         self.root, self.bound, self.cgroup, self.peak, self.exceeded = root, bound, cgroup, 0, False
+        self.map_files = self.sysv = True  # may the watchdog stat a mapping's file / read the sample's SysV segments
 
 
 class TreeWatchdog:
-    """One thread per process: while samples are watched, every ``interval`` s it sums each tree's resident memory
-    and SIGKILLs every process of a tree past its bound. A sample in a cgroup is bounded by the kernel; for it the
-    watchdog only ends the rest of the sample once the kernel has OOM-killed one of its processes (v1 has no
-    ``memory.oom.group``), so that it fails at once rather than at its timeout."""
+    """One thread per process: while samples are watched, every ``interval`` s it measures each tree's memory
+    (:func:`tree_memory`: resident memory plus what it holds in shared memory) and SIGKILLs every process of a tree
+    past its bound. A sample in a cgroup is bounded by the kernel; for it the watchdog only ends the rest of the
+    sample once the kernel has OOM-killed one of its processes (v1 has no ``memory.oom.group``), so that it fails at
+    once rather than at its timeout."""
 
     def __init__(self, interval: float = WATCHDOG_INTERVAL_S):
         self.interval = interval
@@ -411,6 +717,7 @@ class TreeWatchdog:
             return
         table = _process_table() if any(w.cgroup is None for w in watches) else {}
         children = _children(table)  # one process table and one tree index per look, for every watched sample
+        host = _HostView() if table else None
         for w in watches:
             if w.cgroup is not None:
                 if not w.exceeded and w.cgroup.oom_kills():
@@ -418,9 +725,9 @@ class TreeWatchdog:
                     _kill_all(w.cgroup.pids())
                 continue
             tree = tree_of(w.root, table, children)
-            rss = sum(table[p][1] for p in tree)
-            w.peak = max(w.peak, rss)
-            if rss > w.bound:
+            used = tree_memory(tree, table, host, w)
+            w.peak = max(w.peak, used)
+            if used > w.bound:
                 w.exceeded = True
                 _kill_all(tree)
 

@@ -21,7 +21,7 @@ from . import driver
 from .driver import NONCE_LEN
 from .isolation import BACKENDS, Isolation
 from .memory import (WATCHDOG, WATCHDOG_INTERVAL_S, SampleCgroup, cgroup_parent, cgroup_unavailable_reasons,
-                     concurrent_samples, machine_memory_mb, sample_limits)
+                     concurrent_samples, machine_memory_mb, sample_limits, shared_memory_filter)
 from .result import SandboxResult, SandboxUnavailable, _one_line
 from .slots import acquire_uid_slot
 
@@ -141,11 +141,13 @@ class Sandbox(Isolation):
         n_tests = len(job["tests"])
         slot = acquire_uid_slot(self.uid_base) if self.is_root else None
         uid = slot.uid if slot is not None else None
-        workdir = cgroup = watch = None
+        workdir = cgroup = watch = seccomp_fd = None
         try:
             if self.backend == "rlimit":
                 workdir = tempfile.mkdtemp(prefix="or1-sandbox-")
-            cmd, cwd = self._command(uid, workdir)
+            if self.backend == "bwrap" and self._cgroup_parent is None:
+                seccomp_fd = _filter_fd()  # the watchdog cannot see shared memory no process maps: refuse it
+            cmd, cwd = self._command(uid, workdir, seccomp_fd)
             if self._cgroup_parent is not None and not (self.is_root and self.backend == "rlimit"):
                 # The first process joins the sample's cgroup before it starts anything (the others inherit it).
                 # Not for the rlimit backend of a root trainer: it starts as the sandbox uid, which cannot join a
@@ -158,7 +160,7 @@ class Sandbox(Isolation):
             nonce_hex = secrets.token_hex(NONCE_LEN // 2).encode()
             payload = nonce_hex + json.dumps(self._driver_job(job, timeout_per_test)).encode()
             try:
-                proc = self._start(cmd, cwd, uid, workdir)
+                proc = self._start(cmd, cwd, uid, workdir, seccomp_fd)
             except OSError as e:  # e.g. the sandbox uid cannot execute the interpreter
                 return _failed(res, start, f"cannot start the {self.backend} sandbox: {e}")
             watch = WATCHDOG.watch(proc.pid, self.memory_mb << 20, cgroup)
@@ -173,6 +175,8 @@ class Sandbox(Isolation):
         finally:
             if cgroup is not None:
                 cgroup.remove()
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
             if slot is not None:
                 slot.release()
             if workdir is not None:
@@ -180,10 +184,10 @@ class Sandbox(Isolation):
         res.elapsed = time.monotonic() - start
         return res
 
-    def _command(self, uid: int | None, workdir: str | None) -> tuple[list[str], str]:
+    def _command(self, uid: int | None, workdir: str | None, seccomp_fd: int | None = None) -> tuple[list[str], str]:
         """The command that starts the driver under the backend, and its working directory."""
         if self.backend == "bwrap":
-            return self._bwrap_cmd(uid), "/"
+            return self._bwrap_cmd(uid, seccomp_fd), "/"
         if self.backend == "unshare":
             return self._unshare_cmd(uid), "/"
         if self.is_root:
@@ -201,11 +205,12 @@ class Sandbox(Isolation):
         full_job["max_processes"] = self.max_processes if (self.is_root or self.backend != "rlimit") else 0
         return full_job
 
-    def _start(self, cmd: list[str], cwd: str, uid: int | None, workdir: str | None) -> subprocess.Popen:
+    def _start(self, cmd: list[str], cwd: str, uid: int | None, workdir: str | None,
+               seccomp_fd: int | None = None) -> subprocess.Popen:
         """Start the sandbox: an empty environment, a new session, as the sandbox uid for a root trainer's rlimit."""
-        popen_kw = {}
+        popen_kw = {"pass_fds": (seccomp_fd,)} if seccomp_fd is not None else {}
         if self.is_root and self.backend == "rlimit":
-            popen_kw = dict(user=uid, group=uid, extra_groups=[])
+            popen_kw.update(user=uid, group=uid, extra_groups=[])
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
         if self.backend == "rlimit":
             env.update(HOME=workdir, TMPDIR=workdir)
@@ -352,6 +357,20 @@ def _write_some(fd: int, to_write: memoryview) -> memoryview:
     except BrokenPipeError:
         to_write = to_write[:0]
     return to_write
+
+
+def _filter_fd() -> int | None:
+    """A pipe's read end holding :func:`~or1_trl.rewards.sandbox.memory.shared_memory_filter` (bwrap ``--seccomp``
+    reads it to its end), or None where this architecture has no filter."""
+    program = shared_memory_filter()
+    if program is None:
+        return None
+    r, w = os.pipe()
+    try:
+        os.write(w, program)  # a few hundred bytes: within the pipe's buffer
+    finally:
+        os.close(w)
+    return r
 
 
 def _failed(res: SandboxResult, start: float, error: str) -> SandboxResult:

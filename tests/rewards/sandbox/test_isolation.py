@@ -249,6 +249,100 @@ def test_eight_forked_children_stay_within_the_sample_bound(enforcement, reward)
         assert 256 < res.peak_memory_mb < 4 * 256, res.peak_memory_mb
 
 
+# Shared memory under the watchdog: what a tree holds outside its processes' resident memory counts against its bound.
+# Each program holds 960 MiB (60 x 16 MiB, every page written) under a 256 MB bound, then prints "held" and waits;
+# unbounded it ends "ok" with "held\ndone".
+_HOLD_END = "print('held', flush=True)\ntime.sleep(4)\nprint('done')\n"
+SHARED_HOGS = {
+    "memfd": """
+held = []
+for i in range(60):
+    fd = os.memfd_create(f'm{i}')
+    os.write(fd, bytes([1]) * (16 << 20))
+    held.append(fd)
+""",
+    "tmpfs_file": """
+for i in range(60):
+    with open(f'/tmp/f{i}', 'wb') as f:
+        f.write(bytes([1]) * (16 << 20))
+""",
+    # MAP_SHARED|MAP_ANONYMOUS regions the parent writes, each then held by a child that never touches it (the
+    # child's resident memory shows none of it) while the parent unmaps it
+    "shared_anonymous_held_by_children": """
+for i in range(6):
+    m = mmap.mmap(-1, 160 << 20)
+    for j in range(160):
+        m.write(bytes([1]) * (1 << 20))
+    if os.fork() == 0:
+        time.sleep(30)
+        os._exit(0)
+    m.close()
+""",
+}
+
+
+@pytest.fixture(scope="module")
+def watchdog_sandbox(sandbox_missing):
+    try:
+        return Sandbox(memory_mb=256, max_processes=16, tmpfs_mb=1024, timeout_per_test=20, total_timeout=60,
+                       memory_enforcement="watchdog", min_isolation="bwrap")
+    except SandboxUnavailable as e:
+        sandbox_missing(str(e))
+
+
+def _stdio(sandbox: Sandbox, code: str):
+    return sandbox.run({"kind": "stdio", "code": "import ctypes, mmap, os, time\n" + code, "tests": [{"stdin": ""}]})
+
+
+@pytest.mark.parametrize("hog", sorted(SHARED_HOGS))
+def test_shared_memory_counts_against_the_watchdog_bound(hog, watchdog_sandbox):
+    if hog == "shared_anonymous_held_by_children" and not IS_ROOT:
+        pytest.skip("sizing a mapping a process holds untouched needs /proc/<pid>/map_files (CAP_SYS_ADMIN); an "
+                    "unprivileged watchdog counts the resident part, the rest is within RLIMIT_AS x max_processes")
+    assert watchdog_sandbox.memory_bound == "watchdog"
+    res = _stdio(watchdog_sandbox, SHARED_HOGS[hog] + _HOLD_END)
+    assert res.status == "memory_limit", (res, res.records)
+    assert res.memory_exceeded and res.peak_memory_mb > 256
+
+
+def test_sysv_shared_memory_is_refused_under_the_watchdog(watchdog_sandbox):
+    """A SysV segment outlives every mapping and descriptor of it, and an unprivileged watchdog cannot read the
+    sandbox's segments: under the watchdog bwrap refuses shmget (seccomp)."""
+    code = ("libc = ctypes.CDLL(None, use_errno=True)\n"
+            "print(libc.shmget(0, 16 << 20, 0o1600), ctypes.get_errno())\n")
+    res = _stdio(watchdog_sandbox, code)
+    assert res.done and res.records[0]["status"] == "ok", (res, res.records)
+    assert res.records[0]["stdout"] == "-1 1\n"  # EPERM
+
+
+def test_moderate_shared_memory_below_the_bound_passes(watchdog_sandbox):
+    """An honest program using shared memory — two memfds, a shared region a child writes into, a /tmp file, 80 MiB
+    in all — passes under a 256 MB bound, and the watchdog saw that memory (each object once)."""
+    code = textwrap.dedent("""
+        mib = bytes([1]) * (1 << 20)  # written a MiB at a time: no large temporary in resident memory
+        fds = [os.memfd_create('data'), os.memfd_create('more')]  # 16 MiB each (RLIMIT_FSIZE bounds a file)
+        for _ in range(16):
+            for fd in fds:
+                os.write(fd, mib)
+        shared = mmap.mmap(-1, 32 << 20)
+        pid = os.fork()
+        if pid == 0:
+            for _ in range(32):
+                shared.write(mib)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        with open('/tmp/scratch', 'wb') as f:
+            for _ in range(16):
+                f.write(mib)
+        time.sleep(1)
+        print(shared[12345], os.pread(fds[1], 1, 777)[0], os.path.getsize('/tmp/scratch') >> 20)
+    """)
+    res = _stdio(watchdog_sandbox, code)
+    assert res.done and res.records[0]["status"] == "ok", (res, res.records)
+    assert res.records[0]["stdout"] == "1 1 16\n"
+    assert 80 < res.peak_memory_mb < 256, res.peak_memory_mb
+
+
 def test_default_limits_follow_the_machine_and_the_concurrent_samples(monkeypatch):
     with open("/proc/meminfo") as f:
         total_mb = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:")) // 1024
