@@ -33,8 +33,9 @@ Infinite loop / slow code      per-test wall clock (driver kills the child) + RL
                                of the whole sandbox)
 Memory bomb                    RLIMIT_AS per process (``memory_mb``); tmpfs has a size cap  all (tmpfs: bwrap)
 Memory of a process tree       the whole sample in a memory cgroup of ``memory_mb`` (v2 or   cgroup: bwrap,
-(fork N children)              v1); else a watchdog sums the tree's RSS every 50 ms and     unshare (root or
-                               kills it past ``memory_mb`` (``sandbox.memory``)              delegated); else all
+(fork N children, shared       v1); else a watchdog sums the tree's memory every 50 ms —    unshare (root or
+memory: memfd, tmpfs, SysV)    RSS, shared-memory files, its tmpfs — and kills it past      delegated); else all
+                               ``memory_mb`` (``sandbox.memory``); bwrap refuses SysV shm   (SysV refused: bwrap)
 Fork bomb / thread bomb        RLIMIT_NPROC (``max_processes``), counted per user namespace  bwrap, unshare;
                                (unprivileged) or per dedicated sandbox uid (root)           rlimit only as root
 Another trainer process's      root: the uid slot is unique per machine across processes    all (root)
