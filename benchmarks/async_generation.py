@@ -33,7 +33,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.generation.serve import free_port, start_server
+from or1_trl.generation.serve import free_port, start_server, user_dir
 from or1_trl.testing import CPU_RUN, VLLM_CPU_ARGS, save_tiny_model, tiny_model_and_tokenizer, vllm_python
 from step_time import GROUP, StepClock, scripted_reward, spread
 
@@ -152,7 +152,7 @@ def main(argv=None):
         os.sched_setaffinity(0, server_cores)  # the server (a child) inherits these cores
         with open(os.path.join(workdir, "server.log"), "w") as log:
             process, url = start_server(model_path, "disk", port=free_port(), python=python,
-                                        extra_args=VLLM_CPU_ARGS, log_file=log, sync_roots=["/dev/shm", workdir],
+                                        extra_args=VLLM_CPU_ARGS, log_file=log, sync_roots=[user_dir(), workdir],
                                         env={"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(server_cores)))})
         os.sched_setaffinity(0, trainer_cores)
         torch.set_num_threads(len(trainer_cores))

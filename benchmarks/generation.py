@@ -49,7 +49,7 @@ from or1_trl.generation.serve import free_port, running_server, start_server
 from or1_trl.testing import VLLM_CPU_ARGS, save_tiny_model, tiny_model, tiny_tokenizer, vllm_python
 from or1_trl.generation.disk_sync import SYNC_PHASES, DiskWeightSync
 from or1_trl.generation.vllm_client import http_vllm_client
-from or1_trl.generation.weight_files import TMPFS
+from or1_trl.generation.weight_files import user_dir
 
 PROMPTS, GROUP = 16, 8
 MODEL_LABELS = {"tiny": "tiny (test model)", "smollm2": "SmolLM2-135M-Instruct"}
@@ -94,7 +94,7 @@ def serve(model_path, workdir, log_name, extra_args=()):
     log = open(os.path.join(workdir, log_name), "w")
     return start_server(model_path, "disk", port=free_port(), python=vllm_python(),
                         extra_args=VLLM_CPU_ARGS + list(extra_args), log_file=log, enable_lora=True,
-                        max_lora_rank=LORA_RANK, sync_roots=[TMPFS, workdir])  # it loads from tmpfs and workdir
+                        max_lora_rank=LORA_RANK, sync_roots=[user_dir(), workdir])  # it loads from tmpfs and workdir
 
 
 def smollm2_model(model_dir):
@@ -207,7 +207,7 @@ def sync_cost(args, workdir, lines, figures):
         name = {"0.5b": "Qwen2.5-0.5B shape, random", "smollm2": "SmolLM2-135M-Instruct (real)"}.get(size, MODEL_LABELS[size])
         params = sum(p.numel() for p in model.parameters())
         label = f"{name}, {params / 1e6:.1f} M"
-        tmpfs_dir = tempfile.mkdtemp(prefix="or1-bench-", dir=TMPFS)
+        tmpfs_dir = tempfile.mkdtemp(prefix="or1-bench-", dir=user_dir())
         disk_dir = os.path.join(workdir, f"sync_{size}")  # the system's temp dir, on disk here (ext4)
 
         def row(sent, written_as, where, sync, timing):

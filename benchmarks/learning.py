@@ -412,7 +412,7 @@ def start_server(workdir: str) -> None:
     run's first weight sync replaces its weights with the run's own."""
     import socket
 
-    from or1_trl.generation.serve import start_server as serve
+    from or1_trl.generation.serve import start_server as serve, user_dir
     from or1_trl.testing import VLLM_CPU_ARGS, save_tiny_model, vllm_python
 
     if vllm_python() is None:
@@ -423,7 +423,7 @@ def start_server(workdir: str) -> None:
     path = save_tiny_model(f"{workdir}/server-model")
     log = open(f"{workdir}/server.log", "w")
     SERVER["process"], SERVER["url"] = serve(path, "disk", port=port, python=vllm_python(), extra_args=VLLM_CPU_ARGS,
-                                             log_file=log, sync_roots=["/dev/shm", workdir])  # the runs' sync dirs
+                                             log_file=log, sync_roots=[user_dir(), workdir])  # the runs' sync dirs
 
 
 @contextlib.contextmanager
@@ -1215,7 +1215,7 @@ def ladder_main(args) -> dict:
 
 def run_ladder(todo, settings, results_dir, regime_path, start_path, stack, folder, write_json_atomic) -> None:
     from or1_trl.cli.real_demo import SERVER_ARGS
-    from or1_trl.generation.serve import running_server
+    from or1_trl.generation.serve import running_server, user_dir
     from or1_trl.testing import vllm_python
 
     workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="or1-ladder-work-"))
@@ -1227,7 +1227,7 @@ def run_ladder(todo, settings, results_dir, regime_path, start_path, stack, fold
         print(f"starting a vLLM CPU server for {folder} (bf16) ...", file=sys.stderr, flush=True)
         url = stack.enter_context(running_server(folder, "disk", log_path=os.path.join(workdir, "server.log"),
                                                  python=vllm_python(), extra_args=SERVER_ARGS,
-                                                 sync_roots=["/dev/shm", workdir], with_parent=True))
+                                                 sync_roots=[user_dir(), workdir], with_parent=True))
         backends = server_backends(url)  # the server holds the starting model until the first push
     else:
         from transformers import AutoTokenizer

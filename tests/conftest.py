@@ -76,21 +76,25 @@ def require_or_skip(flag: str, reason: str):
 
 
 class VLLMServer:
-    """A real vLLM server on CPU (its own venv), started through `or1-trl serve --weight-sync disk` with an API key
-    (in `$OR1_VLLM_API_KEY`, as users are told to pass it): every route but `/health` needs the key.
+    """A real vLLM server on CPU (its own venv), started through `or1-trl serve --weight-sync disk` with an API key:
+    every route but `/health` needs the key. With `made_key`, the key is the one `or1-trl serve` makes when the user
+    gives none (what `or1-trl serve MODEL` does), read from the file it publishes; else one of ours, passed in
+    `$OR1_VLLM_API_KEY` as users are told to.
 
     Attributes: `url`, `port`, `model_path` (the tied tiny model it serves), `log_path`, `api_key`, `headers` (the
-    `Authorization` header for plain `requests` calls), `sync_root` (its sync root besides /dev/shm: pytest's base
-    temporary directory, holding every test's `tmp_path`). `kill()` kills it by pid (SIGKILL to its process group),
-    `start()` starts it again on the same port with the same key."""
+    `Authorization` header for plain `requests` calls), `key_file` (where a made key is, else `None`), `sync_root`
+    (its sync root besides this user's /dev/shm folder: pytest's base temporary directory, mode 0700, holding every
+    test's `tmp_path`). `kill()` kills it by pid (SIGKILL to its process group), `start()` starts it again on the
+    same port with the same key."""
 
-    def __init__(self, python: str, workdir, extra_args: tuple[str, ...] = (), model_path: str | None = None):
+    def __init__(self, python: str, workdir, extra_args: tuple[str, ...] = (), model_path: str | None = None,
+                 made_key: bool = False):
         import secrets
         import signal
         import socket
         import sys
 
-        from or1_trl.generation.serve import API_KEY_ENV
+        from or1_trl.generation.serve import API_KEY_ENVS, key_file, user_dir
         from or1_trl.testing import VLLM_CPU_ARGS, save_tiny_model, tiny_model_and_tokenizer
 
         if model_path is None:
@@ -103,16 +107,19 @@ class VLLMServer:
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         self.port = port
-        self.sync_root = workdir.parent  # pytest's base temp: every test's tmp_path; and /dev/shm, the default dir
+        self.sync_root = workdir.parent  # pytest's base temp (0700): every test's tmp_path; and the default root
         self.log_path = workdir / "vllm_server.log"
-        self.api_key = secrets.token_hex(32)  # hex: never a leading '-', which `--flag KEY` would read as a flag
-        self.headers = {"Authorization": f"Bearer {self.api_key}"}
         self._command = [sys.executable, "-m", "or1_trl.cli", "serve", self.model_path, "--weight-sync", "disk",
-                         "--host", "127.0.0.1", "--port", str(port), "--sync-root", "/dev/shm", str(self.sync_root),
+                         "--host", "127.0.0.1", "--port", str(port), "--sync-root", user_dir(), str(self.sync_root),
                          "--python", python, *VLLM_CPU_ARGS, *extra_args]
-        self._env = {**os.environ, API_KEY_ENV: self.api_key}
+        self._env = {k: v for k, v in os.environ.items() if k not in API_KEY_ENVS}
+        self.key_file = key_file(port) if made_key else None
+        if not made_key:
+            self._env[API_KEY_ENVS[0]] = secrets.token_hex(32)  # hex: never a leading '-' (`--flag KEY`)
         self._signal = signal
         self.start()
+        self.api_key = self._env.get(API_KEY_ENVS[0]) or open(self.key_file).read().strip()
+        self.headers = {"Authorization": f"Bearer {self.api_key}"}
 
     def start(self):
         import subprocess
@@ -149,14 +156,14 @@ class VLLMServer:
         self._log.close()
 
 
-def _start_server(tmp_path_factory, name: str, extra_args: tuple[str, ...] = (), model_path: str | None = None
-                  ) -> VLLMServer:
+def _start_server(tmp_path_factory, name: str, extra_args: tuple[str, ...] = (), model_path: str | None = None,
+                  made_key: bool = False) -> VLLMServer:
     from or1_trl.testing import vllm_python
 
     python = vllm_python()
     if python is None:
         require_or_skip("OR1_REQUIRE_VLLM", "no vLLM CPU venv (run scripts/install_vllm_cpu.sh)")
-    return VLLMServer(python, tmp_path_factory.mktemp(name), extra_args, model_path)
+    return VLLMServer(python, tmp_path_factory.mktemp(name), extra_args, model_path, made_key)
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +189,8 @@ def vllm_server_bf16(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory):
-    """A vLLM CPU server shared by the tests that ask for it (started once, about a minute), with an API key.
+    """A vLLM CPU server shared by the tests that ask for it (started once, about a minute), started as
+    `or1-trl serve MODEL` is by default: with no key given, so with one `or1-trl serve` made (`made_key`).
 
     While it runs, `$OR1_VLLM_API_KEY` holds its key in this process (and the processes it starts), as a user
     exports it: clients that take the key from the environment (`ServerBackend`, `or1-trl eval`, the trainer) reach
@@ -190,7 +198,7 @@ def vllm_server(tmp_path_factory):
     the vLLM venv (`scripts/install_vllm_cpu.sh`) is missing, fails instead with ``OR1_REQUIRE_VLLM=1`` (CI)."""
     from or1_trl.generation.serve import API_KEY_ENV
 
-    server = _start_server(tmp_path_factory, "vllm")
+    server = _start_server(tmp_path_factory, "vllm", made_key=True)
     previous = os.environ.get(API_KEY_ENV)
     os.environ[API_KEY_ENV] = server.api_key
     yield server

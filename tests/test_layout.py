@@ -177,6 +177,7 @@ TESTED_IN = {
     "or1_trl/generation/vllm_ext/or1_vllm_auth.py": "tests/generation/test_serve.py",
     "or1_trl/generation/vllm_ext/or1_vllm_serve.py": "tests/generation/test_serve.py",
     "or1_trl/generation/vllm_ext/or1_vllm_worker.py": "tests/generation/test_disk_sync.py",
+    "or1_trl/generation/vllm_ext/or1_private.py": "tests/generation/test_server_access.py",
     "or1_trl/generation/weight_files.py": "tests/generation/test_disk_sync.py",  # the writer, the private tmpfs dir
     "or1_trl/generation/vllm_generation.py": "tests/generation/test_disk_sync.py",  # the trainer's disk sync
     "or1_trl/generation/vllm_client.py": "tests/generation/test_server_health.py",  # retries, the watch, the key

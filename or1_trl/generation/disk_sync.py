@@ -8,8 +8,9 @@ sides can read:
    gathers ZeRO-3/FSDP shards and merges PEFT adapters, so the server gets merged full weights under vLLM's names);
 2. the main process streams them as safetensors shards (`weight_files.write_safetensors`: each tensor's bytes go
    into the open file as the iterator yields it, the header last), cast to the server's dtype (`vllm_sync_dtype`),
-   into a fresh directory under `vllm_sync_dir` (default: a private directory on tmpfs, files 0600, when it has room
-   and the server reads it, `use_default_dir`), renamed into place only once complete;
+   into a fresh directory (mode 0700: the server loads only folders no other user can write to) under
+   `vllm_sync_dir` (default: a private directory on tmpfs, files 0600, when it has room and the server reads it,
+   `use_default_dir`), renamed into place only once complete;
 3. it asks the server to reload them (`POST /collective_rpc`, method `or1_reload_weights` of our worker extension,
    `or1_trl/generation/vllm_ext/or1_vllm_worker.py`: vLLM's `reload_weights`, then a re-pack of a tied `lm_head` on
    CPU) and to reset its prefix cache (cached KV blocks were computed with the old weights);
@@ -43,8 +44,9 @@ from transformers.utils import logging
 
 from .serve import SYNC_DTYPES, resolve_api_key
 from .server_health import ServerWatch, WeightsRefusedError, keyed_session
+from .vllm_ext.or1_private import TMPFS, user_dir
 from .weight_files import (
-    PRIVATE_FILE_MODE, TMPFS, create_file, private_dir, remove_path, sync_torch_dtype, write_safetensors,
+    PRIVATE_FILE_MODE, create_file, private_dir, remove_ended_runs, remove_path, sync_torch_dtype, write_safetensors,
 )
 
 logger = logging.get_logger(__name__)
@@ -84,7 +86,8 @@ class DiskWeightSync:
         sync_dir: a directory the server can read (shared storage when trainer and server are on different nodes).
         session: a `requests.Session` (TRL's `VLLMClient.session`, which sends the key); default: a new one sending
             `api_key`.
-        api_key: the server's key, for the default session; default: `resolve_api_key()` (the environment).
+        api_key: the server's key, for the default session; default: `resolve_api_key` (the environment, else the
+            key file of a server on this machine).
         server_timeout: seconds the server may stay unreachable (`vllm_server_timeout`) before `ServerDownError`.
         dtype: what the weights are written in (`SYNC_DTYPES`): `"server"` (the server's dtype, read by
             `check_server`), `"model"` (as given), or a dtype name.
@@ -100,8 +103,9 @@ class DiskWeightSync:
             `last_seconds`.
         last_bytes (`int`): bytes written by the last push (the adapter alone for `push_adapter`).
         adapter_name (`str` or `None`): the LoRA adapter the server generates with (adapter-only sync), else `None`.
-        file_mode (`int`): mode of the files written (less the umask): 0o666, as any saved model (a server of
-            another user may read `sync_dir`), or 0o600 in `use_default_dir`'s private tmpfs directory.
+        file_mode (`int`): mode of the files written (less the umask): 0o666, as any saved model, or 0o600 in
+            `use_default_dir`'s private tmpfs directory. Each version's folder is 0700 either way: the server loads
+            only folders of its own user that no one else can write to, so it runs as this user.
     """
 
     def __init__(self, base_url: str, sync_dir: str, session=None, api_key: str | None = None,
@@ -110,7 +114,7 @@ class DiskWeightSync:
             raise ValueError(f"dtype={dtype!r} is not one of {list(SYNC_DTYPES)}")
         self.base_url = base_url.rstrip("/")
         self.sync_dir = os.path.abspath(sync_dir)
-        self.session = session or keyed_session(resolve_api_key(api_key))
+        self.session = session or keyed_session(resolve_api_key(api_key, self.base_url))
         self.dtype_setting = dtype
         self.server_info: dict | None = None
         self.version = 0
@@ -191,19 +195,27 @@ class DiskWeightSync:
         before the old one goes) and the server reads it; else `fallback` (`<output_dir>/_vllm_sync`). Sets
         `sync_dir` and `file_mode`; returns one line saying which and why.
 
-        The tmpfs directory is `private_dir`'s: a new one per run under an unpredictable name, mode 0700, removed
-        when this process exits; its weight files are written 0600 (`PRIVATE_FILE_MODE`): a server that reads the
-        probe in it runs as this user (or root). Any error making or checking it (a `tmpfs` others could tamper
+        The tmpfs directory is `private_dir`'s: a new one per run under an unpredictable name, mode 0700, in this
+        user's folder there (`user_dir`, `/dev/shm/or1-trl-<uid>`: the server's default sync root), removed when this
+        process exits; its weight files are written 0600 (`PRIVATE_FILE_MODE`): a server that reads the probe in it
+        runs as this user. The folders of this user's runs that ended without removing theirs (`kill -9`) are removed
+        first, in one line (`remove_ended_runs`). Any error making or checking it (a `tmpfs` others could tamper
         with, no permission, ...) falls back, with one warning."""
         reason = tmpfs_dir = None
         try:
             if not os.path.isdir(tmpfs):
                 reason = f"no {tmpfs}"
-            elif (free := shutil.disk_usage(tmpfs).free) < 2 * needed_bytes + 2**28:
-                reason = (f"{tmpfs} has {free / 2**30:.1f} GiB free, two versions of the weights need "
-                          f"{2 * needed_bytes / 2**30:.1f} GiB")
             else:
-                tmpfs_dir = private_dir(tmpfs)
+                parent = user_dir(base=tmpfs)
+                removed, freed = remove_ended_runs(parent)
+                if removed:
+                    folders = f"{len(removed)} weight-sync folder{'s' * (len(removed) > 1)}"
+                    logger.warning(f"removed {folders} of ended runs ({freed / 1e9:.1f} GB): {', '.join(removed)}")
+                if (free := shutil.disk_usage(tmpfs).free) < 2 * needed_bytes + 2**28:
+                    reason = (f"{tmpfs} has {free / 2**30:.1f} GiB free, two versions of the weights need "
+                              f"{2 * needed_bytes / 2**30:.1f} GiB")
+                else:
+                    tmpfs_dir = private_dir(parent)
         except OSError as error:
             reason = f"no private directory on {tmpfs}: {error}"
             logger.warning(f"vLLM disk weight sync: {reason}; writing the weights to {os.path.abspath(fallback)} "
@@ -243,7 +255,7 @@ class DiskWeightSync:
         partial_dir = final + ".partial"
         remove_path(partial_dir)  # a leftover of an interrupted push, or whatever else is there (a link: itself)
         os.makedirs(self.sync_dir, exist_ok=True)
-        os.mkdir(partial_dir, 0o700 if self.file_mode == PRIVATE_FILE_MODE else 0o777)  # a new one, or an error
+        os.mkdir(partial_dir, 0o700)  # a new one, or an error; 0700: the server loads no folder others can write to
         _, written = write_safetensors(timed, partial_dir, dtype=self.dtype, mode=self.file_mode)
         remove_path(final)
         os.replace(partial_dir, final)

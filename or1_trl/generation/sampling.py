@@ -55,8 +55,9 @@ apply):
   `/v1/chat/completions` (the server applies the model's chat template), strings to `/v1/completions`; one
   request per prompt with `n` choices, `max_concurrency` requests in flight (vLLM batches them). Token counts come
   from vLLM's `return_token_ids` extension (a server without it: re-tokenised with `tokenizer` if given, else
-  `None`). The server's API key, if it has one, from `api_key` or `$OR1_VLLM_API_KEY` (`or1-trl serve`'s
-  variable; `or1-trl eval` and `difficulty` read it there). `requests` only; no vLLM needed on the client.
+  `None`). The server's API key from `api_key` or `$OR1_VLLM_API_KEY` (`or1-trl serve`'s variable;
+  `or1-trl eval` and `difficulty` read it there), else, for a server on this machine, the key file `or1-trl serve`
+  made (`serve.resolve_api_key`). `requests` only; no vLLM needed on the client.
 - `VLLMBackend(model)`: vLLM in this process (`pip install or1-trl[vllm]`). Untested in this repository's test
   suite (vLLM is not installed in its environment); kept small.
 - `HFBackend(model)`: `model.generate` in this process, `batch_size` sequences per call (left-padded), one process
@@ -273,7 +274,8 @@ class ServerBackend:
         tokenizer: counts completion tokens when the server does not return token ids (older vLLM, other servers).
         chat_template_kwargs: sent with chat requests (vLLM renders the template with them).
         api_key: the server's key, sent as `Authorization: Bearer` with every request; default: `$OR1_VLLM_API_KEY`,
-            else `$VLLM_API_KEY` (`or1-trl serve`'s variables), else none. A 401 answer is a `ServerKeyError`.
+            else `$VLLM_API_KEY` (`or1-trl serve`'s variables), else the key file of a server on this machine
+            (`serve.resolve_api_key`), else none. A 401 answer is a `ServerKeyError`.
 
     Attributes:
         requests: generation requests answered so far (one per prompt).
@@ -293,7 +295,7 @@ class ServerBackend:
         self.timeout, self.retries = timeout, retries
         self.tokenizer = tokenizer
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
-        self._api_key = resolve_api_key(api_key)
+        self._api_key = resolve_api_key(api_key, self.base_url)
         self._local = threading.local()
         self._lock = threading.Lock()
         self.requests = 0  # generation requests answered so far (what a resumed run saved)

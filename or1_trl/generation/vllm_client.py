@@ -1,7 +1,8 @@
 """The trainer's HTTP client of a vLLM server: TRL's `VLLMClient`, keyed, retrying and watched (`OR1VLLMClient`).
 
 With both weight syncs the trainer talks to the server through `OR1VLLMClient`, TRL's client whose session sends the
-server's API key (`OR1Config.vllm_server_api_key`, else `$OR1_VLLM_API_KEY`, else `$VLLM_API_KEY`; see `serve.py`)
+server's API key (`OR1Config.vllm_server_api_key`, else `$OR1_VLLM_API_KEY`, else `$VLLM_API_KEY`, else for a server
+on this machine the key `or1-trl serve` made for its port; see `serve.py`)
 with every request and retries transient failures with the one retry policy of every session to the server
 (`server_health.mount_retries`). With a `watch` (`server_health.ServerWatch`) each generation request waits for a
 healthy server holding the trainer's weights, resyncing it first with the disk sync; a server down for longer stops
@@ -28,12 +29,17 @@ class OR1VLLMClient(VLLMClient):
     for a healthy server holding the trainer's weights (`server_health.ServerWatch`).
 
     Args:
-        api_key: the server's key; default: `resolve_api_key()` (the environment), else none is sent.
+        api_key: the server's key; default: `resolve_api_key` (the environment, else the key file of a server on
+            this machine), else none is sent.
         *args, **kwargs: `VLLMClient`'s.
     """
 
     def __init__(self, *args, api_key: str | None = None, **kwargs):
-        self.api_key = resolve_api_key(api_key)
+        # `VLLMClient.__init__` makes the session (which gets the key) before it sets its URL: the same URL, read here
+        base_url = kwargs.get("base_url", args[0] if args else None)
+        if base_url is None:
+            base_url = f"http://{kwargs.get('host', '0.0.0.0')}:{kwargs.get('server_port', 8000)}"  # TRL's defaults
+        self.api_key = resolve_api_key(api_key, base_url)
         self.watch: ServerWatch | None = None
         super().__init__(*args, **kwargs)  # its first request (`/v1/models`) already goes through the session
         mount_retries(self.session)  # ours in place of TRL's (5 tries, up to a minute of backoff): the watch waits

@@ -45,7 +45,8 @@ class OR1VLLMGeneration(VLLMGeneration):
         default_sync_dir: the fallback (`<output_dir>/_vllm_sync`).
         sync_dtype: what `"disk"` writes the weights in (`SYNC_DTYPES`; `OR1Config.vllm_sync_dtype`).
         sync_peft: with a PEFT policy and `"disk"`: `SYNC_PEFT_MODES` (`OR1Config.vllm_sync_peft`).
-        api_key: the server's key (`None`: the environment's, if any, which the client resolves: `OR1VLLMClient`).
+        api_key: the server's key (`None`: the environment's, else the key file of a server on this machine,
+            which the client resolves: `OR1VLLMClient`).
         *args, **kwargs: `VLLMGeneration`'s.
 
     Attributes:

@@ -241,10 +241,12 @@ class OR1Config(GRPOConfig):
         vllm_server_api_key (`str` or `None`, *optional*, defaults to `None`):
             Key of a vLLM server started with one (`or1-trl serve`, `$OR1_VLLM_API_KEY`), sent as `Authorization:
             Bearer` with every request to it, with either weight sync. `None`: `$OR1_VLLM_API_KEY`, else
-            `$VLLM_API_KEY`, else no key. Never written by the trainer: a pickled config (`training_args.bin`) holds
-            `None` in its place, and `str`, `repr`, `to_dict` (W&B, TensorBoard, model cards) show a placeholder;
-            `or1-trl train --vllm_server_api_key K` removes K from `sys.argv` (which W&B records) once parsed. So a
-            resume needs it again (the flag or the variable). Prefer the variable: a command line is visible in `ps`.
+            `$VLLM_API_KEY`, else, for a server on this machine, the key `or1-trl serve` made for its port (a file
+            only this user can read), else no key. Never written by the trainer: a pickled config
+            (`training_args.bin`) holds `None` in its place, and `str`, `repr`, `to_dict` (W&B, TensorBoard, model
+            cards) show a placeholder; `or1-trl train --vllm_server_api_key K` removes K from `sys.argv` (which W&B
+            records) once parsed. So a resume needs it again (the flag or the variable). Prefer the variable: a
+            command line is visible in `ps`.
 
         > Parameters that control performance: the log-prob backend and padding-free packing
 
@@ -451,7 +453,8 @@ class OR1Config(GRPOConfig):
         repr=False,
         metadata={
             "help": "Key of the vLLM server (`or1-trl serve` with $OR1_VLLM_API_KEY), sent with every request. "
-            "Default: $OR1_VLLM_API_KEY, else $VLLM_API_KEY. Never saved (a resume needs it again). Prefer the "
+            "Default: $OR1_VLLM_API_KEY, else $VLLM_API_KEY, else the key file of a server on this machine started "
+            "without a key. Never saved (a resume needs it again). Prefer the "
             "variable (a command line is visible in ps)."
         },
     )

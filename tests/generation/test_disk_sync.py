@@ -19,7 +19,7 @@ from or1_trl import OR1Config, OR1Trainer
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 from or1_trl.generation.server_health import WeightsRefusedError
 from or1_trl.generation.disk_sync import SYNC_PHASES, DiskWeightSync
-from or1_trl.generation.weight_files import HEADER_BYTES, private_dir, write_safetensors
+from or1_trl.generation.weight_files import HEADER_BYTES, RUN_RECORD, private_dir, user_dir, write_safetensors
 
 from ..conftest import _start_server
 from ..helpers import ScriptedReward, logged, tagged_dataset
@@ -96,7 +96,7 @@ def test_push_in_the_server_dtype_with_a_breakdown_on_tmpfs(vllm_server, tmp_pat
     planted = os.path.join("/dev/shm", predictable_name(tmp_path / "_vllm_sync"))
     os.symlink(victim, planted)
     line = sync.use_default_dir(str(tmp_path / "_vllm_sync"), needed_bytes=4 * params)
-    assert sync.sync_dir.startswith("/dev/shm/or1-trl-vllm-sync-") and "tmpfs" in line, line
+    assert sync.sync_dir.startswith(f"{user_dir()}/or1-trl-vllm-sync-") and "tmpfs" in line, line
     try:
         assert sync.sync_dir != planted and stat.S_IMODE(os.lstat(sync.sync_dir).st_mode) == 0o700
         sync.push(model.named_parameters())
@@ -117,7 +117,7 @@ def test_push_in_the_server_dtype_with_a_breakdown_on_tmpfs(vllm_server, tmp_pat
         diff = (server_logprobs(vllm_server, tokens) - model_logprobs(rounded, tokens)).abs().max().item()
         moved = (model_logprobs(rounded, tokens) - model_logprobs(model, tokens)).abs().max().item()
         assert diff < TOL < moved, (diff, moved)  # the server holds the rounded weights, and rounding shows
-        assert sorted(os.listdir(sync.sync_dir)) == ["weights-000002"]  # only the latest version is kept
+        assert sorted(os.listdir(sync.sync_dir)) == [RUN_RECORD, "weights-000002"]  # only the latest version
     finally:
         import shutil
 
@@ -169,7 +169,8 @@ def test_trainer_logs_the_sync_breakdown_and_defaults_to_tmpfs(vllm_server, tmp_
     finally:
         os.unlink(planted)
     sync = trainer.vllm_generation.disk_sync
-    assert trainer.args.vllm_sync_dir is None and sync.sync_dir.startswith("/dev/shm/") and sync.sync_dir != planted
+    assert trainer.args.vllm_sync_dir is None and sync.sync_dir != planted
+    assert sync.sync_dir.startswith(f"{user_dir()}/or1-trl-vllm-sync-")
     trainer.train()
     diffs = logged(trainer, DIFF)
     assert len(diffs) == 2 and max(diffs) < TOL, diffs
@@ -178,7 +179,7 @@ def test_trainer_logs_the_sync_breakdown_and_defaults_to_tmpfs(vllm_server, tmp_
         assert len(seconds) == 2 and min(seconds) >= 0, (phase, seconds)
     params = sum(p.numel() for p in trainer.model.parameters())
     assert logged(trainer, "vllm/sync_bytes") == [4 * params] * 2  # fp32: the server's dtype
-    assert sorted(os.listdir(sync.sync_dir)) == ["weights-000002"]
+    assert sorted(os.listdir(sync.sync_dir)) == [RUN_RECORD, "weights-000002"]
     assert not (tmp_path / "_vllm_sync").exists()
 
 
@@ -298,11 +299,37 @@ def test_adapters_load_only_from_under_the_sync_roots(vllm_lora_server, tmp_path
         response = requests.post(load, json={"lora_name": "theirs", "lora_path": path}, headers=server.headers)
         assert response.status_code == 403 and "Forbidden" in response.text, (path, response.status_code, response.text)
     peft.save_pretrained(tmp_path / "ours")
+    os.chmod(tmp_path / "ours", 0o750)  # others may enter: not a folder the server loads from
     response = requests.post(load, json={"lora_name": "ours", "lora_path": str(tmp_path / "ours")}, headers=server.headers)
+    assert response.status_code == 403 and "has mode 0750, not 0700" in response.text, response.text
+    os.chmod(tmp_path / "ours", 0o700)
+    response = requests.post(load, json={"lora_name": "ours", "lora_path": str(tmp_path / "ours")},
+                             headers=server.headers)
     assert response.status_code == 200, response.text
     models = [m["id"] for m in requests.get(f"{server.url}/v1/models", headers=server.headers).json()["data"]]
     assert "ours" in models and "theirs" not in models
     requests.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "ours"}, headers=server.headers)
+
+
+def test_the_adapter_route_tells_a_caller_without_the_key_nothing(vllm_lora_server, tmp_path, outside_dir):
+    """Issue 45, point 4: the adapter route's path guard ran before the key check, so a caller without the key
+    learnt the sync roots, whether a path exists, and the names of links in a folder. The key is checked first:
+    the same 401, byte for byte, whatever the path."""
+    server = vllm_lora_server
+    peft, _ = lora_model(1)
+    peft.save_pretrained(tmp_path / "ours")
+    os.chmod(tmp_path / "ours", 0o700)
+    (tmp_path / "linked").mkdir(mode=0o700)
+    os.symlink("/etc/passwd", tmp_path / "linked" / "secret-link-name")
+    answers = set()
+    for path in [str(tmp_path / "ours"), str(tmp_path / "linked"), str(tmp_path / "absent"), outside_dir, "/etc",
+                 "someone/an-adapter"]:
+        for headers in ({}, {"Authorization": "Bearer not-the-key"}):
+            response = requests.post(f"{server.url}/v1/load_lora_adapter", headers=headers, timeout=60,
+                                     json={"lora_name": "theirs", "lora_path": path})
+            answers.add((response.status_code, response.content, response.headers.get("www-authenticate")))
+    [(status, body, _)] = answers
+    assert status == 401 and b"secret-link-name" not in body and str(server.sync_root).encode() not in body
 
 
 def test_peft_training_pushes_only_the_adapter(vllm_lora_server, tmp_path):
@@ -447,7 +474,7 @@ def test_files_are_created_new_with_the_asked_mode(tmp_path):
 
 @pytest.fixture
 def outside_dir():
-    """A directory under no sync root of the test servers (/dev/shm and pytest's base temp are theirs)."""
+    """A directory under no sync root of the test servers (this user's /dev/shm folder and pytest's base temp)."""
     import shutil
     import tempfile
 
@@ -466,12 +493,13 @@ def test_the_folder_check_takes_only_complete_safetensors_under_a_sync_root(tmp_
     monkeypatch.setenv(SYNC_ROOTS_ENV, str(tmp_path))
     tensors = {"a": torch.ones(3), "b": torch.zeros(2, 2)}
     write_safetensors(tensors.items(), str(tmp_path / "good"))
+    os.chmod(tmp_path / "good", 0o700)  # the server loads only folders no other user can write to (test_server_access)
     assert check_weights_dir(str(tmp_path / "good"), {"a", "b"}) == (str(tmp_path / "good"), {"a", "b"})
     with pytest.raises(ValueError, match=r"lacks 1 of the model's 3 tensors \(e.g. 'c'\)"):
         check_weights_dir(str(tmp_path / "good"), {"a", "b", "c"})
     for header in (b"[1, 2]", b'{"a": 3}', b'{"a": {"data_offsets": [0]}}', b"not json", b"{}" + b" " * 10**6):
         folder = tmp_path / f"bad{len(list(tmp_path.iterdir()))}"
-        folder.mkdir()
+        folder.mkdir(mode=0o700)
         (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header[:100])
         with pytest.raises(ValueError) as refused:
             check_weights_dir(str(folder))
@@ -533,6 +561,8 @@ def test_a_folder_the_server_cannot_trust_is_refused_and_it_keeps_its_weights(vl
     # names and sizes right, one shape wrong: passes the folder check, fails in vLLM's loader, and is undone
     write_safetensors([(n, t[:64] if n == "model.norm.weight" else t) for n, t in other.items()],
                       str(tmp_path / "misshapen"))
+    for folder in ("empty", "half", "cut", "linked", "misshapen"):  # 0700: refused for what they hold, not their mode
+        os.chmod(tmp_path / folder, 0o700)
     refused = {
         outside_dir: "outside the server's sync roots", "/etc": "outside the server's sync roots",
         str(tmp_path / os.path.relpath(outside_dir, tmp_path)): "outside the server's sync roots",

@@ -18,6 +18,8 @@ import torch
 
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.generation.serve import API_KEY_ENV, AUTH_MIDDLEWARE, SERVER_MODULE, ServerKeyError, build_command
+from or1_trl.generation.serve import user_dir
+from or1_trl.generation.weight_files import RUN_RECORD
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 from or1_trl.generation.disk_sync import WORKER_EXTENSION_VERSION, DiskWeightSync
 
@@ -245,8 +247,8 @@ def test_two_trainer_processes_one_server(vllm_server, tmp_path):
     assert len(ranks[0]["diffs"]) == 3 and max(ranks[0]["diffs"]) < TOL, ranks[0]["diffs"]
     assert ranks[0]["syncs"] == 3 and ranks[1]["syncs"] == 0  # only the main process writes
     # no vllm_sync_dir: tmpfs (this machine's server reads it), holding the latest version only, gone at exit
-    assert ranks[0]["sync_dir"].startswith("/dev/shm/or1-trl-vllm-sync-"), ranks[0]["sync_dir"]
-    assert ranks[0]["sync_files"] == ["weights-000003"] and not os.path.exists(ranks[0]["sync_dir"])
+    assert ranks[0]["sync_dir"].startswith(f"{user_dir()}/or1-trl-vllm-sync-"), ranks[0]["sync_dir"]
+    assert ranks[0]["sync_files"] == [RUN_RECORD, "weights-000003"] and not os.path.exists(ranks[0]["sync_dir"])
     assert not (tmp_path / "_vllm_sync").exists()
 
 
@@ -267,14 +269,12 @@ def test_a_server_with_another_extension_version_is_refused(vllm_server, tmp_pat
 def test_serve_puts_the_key_in_the_servers_environment_never_on_its_command_line(monkeypatch):
     for name in (API_KEY_ENV, "VLLM_API_KEY"):
         monkeypatch.delenv(name, raising=False)
-    argv, env = build_command("m", "disk")  # loopback, no key: open to this machine only
-    assert "--middleware" not in argv and API_KEY_ENV not in env
     with pytest.raises(ValueError, match=f"refusing to listen on 0.0.0.0 without an API key.*{API_KEY_ENV}="):
         build_command("m", "disk", host="0.0.0.0")
     with pytest.raises(ValueError, match="without an API key"):
         build_command("m", "nccl", host="node-7")  # a host name may resolve to any interface
-    for host in ("localhost", "127.0.0.2", "::1"):
-        build_command("m", "disk", host=host)
+    for host in ("localhost", "127.0.0.2", "::1"):  # loopback without a key: one made for it (test below)
+        assert build_command("m", "disk", host=host)[1][API_KEY_ENV]
 
     for weight_sync in ("disk", "nccl"):
         argv, env = build_command("m", weight_sync, host="0.0.0.0", api_key="k3y-from-the-flag")
@@ -291,6 +291,44 @@ def test_serve_puts_the_key_in_the_servers_environment_never_on_its_command_line
     _, env = build_command("m", "disk")
     assert env[API_KEY_ENV] == "or1-key" and "VLLM_API_KEY" not in env
     assert build_command("m", "disk", api_key="flag-key")[1][API_KEY_ENV] == "flag-key"
+
+
+def test_a_server_started_without_a_key_gets_one_that_only_its_users_clients_find(monkeypatch, tmp_path):
+    """Issue 45, point 4: `or1-trl serve MODEL` with no key used to serve anyone on the machine. It now makes a key,
+    which the server publishes (once it listens) in a 0600 file of this user's 0700 folder, one per port; the
+    trainer's clients read it for a server on this machine when given no key, a key the user gives wins, and a
+    later start on the port takes the same key (a trainer outlives a server restart)."""
+    from or1_trl.generation.serve import KEY_FILE_ENV, key_file, resolve_api_key
+    from or1_trl.generation.vllm_ext.or1_private import write_key
+
+    for name in (API_KEY_ENV, "VLLM_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    port = free_port()
+    argv, env = build_command("m", "disk", port=port)
+    made, path = env[API_KEY_ENV], env[KEY_FILE_ENV]
+    assert re.fullmatch("[0-9a-f]{64}", made) and made not in " ".join(argv)
+    assert argv[argv.index("--middleware") + 1] == AUTH_MIDDLEWARE  # the key check, on every route but /health
+    assert path == key_file(port) == os.path.join(user_dir(), f"vllm-server-{port}.key") and not os.path.exists(path)
+    assert build_command("m", "disk", port=port)[1][API_KEY_ENV] != made  # nothing published yet: a new one
+    assert resolve_api_key(base_url=f"http://127.0.0.1:{port}") is None
+    write_key(path, made)  # what the server does once its port is bound
+    try:
+        assert os.stat(path).st_mode & 0o777 == 0o600 and os.stat(user_dir()).st_mode & 0o777 == 0o700
+        assert build_command("m", "nccl", port=port)[1][API_KEY_ENV] == made  # a restart keeps the key
+        for host in ("127.0.0.1", "localhost", "[::1]", "0.0.0.0"):  # TRL's client defaults to 0.0.0.0
+            assert resolve_api_key(base_url=f"http://{host}:{port}/v1") == made, host
+        assert resolve_api_key(base_url=f"http://node-7:{port}") is None  # another machine's server
+        assert resolve_api_key(base_url=f"http://127.0.0.1:{free_port()}") is None  # another port's
+        assert resolve_api_key("given", base_url=f"http://127.0.0.1:{port}") == "given"  # the user's key wins
+        monkeypatch.setenv("VLLM_API_KEY", "exported")
+        assert resolve_api_key(base_url=f"http://127.0.0.1:{port}") == "exported"
+        assert build_command("m", "disk", port=port)[1][API_KEY_ENV] == "exported"
+        assert KEY_FILE_ENV not in build_command("m", "disk", port=port)[1]  # a user's key is never written
+        monkeypatch.delenv("VLLM_API_KEY")
+        os.chmod(path, 0o640)  # a file others could read is not trusted (nor rewritten: the server replaces it)
+        assert resolve_api_key(base_url=f"http://127.0.0.1:{port}") is None
+    finally:
+        os.remove(path)
 
 
 def test_serve_refuses_an_open_address_without_a_key_before_starting_vllm(tmp_path):
@@ -363,8 +401,11 @@ def test_clients_without_the_key_stop_before_any_work_and_say_where_it_goes(vllm
     naming the variable to set, never showing the key; the trainer fails while it is built, before training."""
     from or1_trl.generation.sampling import SamplingSettings, ServerBackend
 
+    from or1_trl.generation import serve
+
     for name in (API_KEY_ENV, "VLLM_API_KEY"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(serve, "key_file", lambda port: str(tmp_path / "no-key-file"))  # another user's trainer
     with pytest.raises(ServerKeyError, match=f"no API key was sent. Set {API_KEY_ENV}"):
         tied_trainer(vllm_server, tmp_path, vllm_server_api_key=None)
     with pytest.raises(ServerKeyError, match="the API key sent is not the server's") as error:
@@ -388,11 +429,14 @@ def test_nccl_mode_sends_the_key_too(vllm_server, tmp_path, monkeypatch):
     server lacks. Without the key they stop at the first request."""
     from trl.generation import vllm_client, vllm_generation
 
+    from or1_trl.generation import serve
+
     monkeypatch.setattr(vllm_generation, "is_vllm_available", lambda *a, **k: True)
     monkeypatch.setattr(vllm_client, "is_vllm_available", lambda *a, **k: True)
     monkeypatch.delenv(API_KEY_ENV)
     with pytest.raises(RuntimeError, match="has no weight-transfer engine"):
         tied_trainer(vllm_server, tmp_path, vllm_weight_sync="nccl")
+    monkeypatch.setattr(serve, "key_file", lambda port: str(tmp_path / "no-key-file"))  # no key file either
     with pytest.raises(ServerKeyError, match="/v1/models"):
         tied_trainer(vllm_server, tmp_path, vllm_weight_sync="nccl", vllm_server_api_key=None)
 

@@ -10,6 +10,12 @@ can be sure what it will do. Here the namespace vLLM's `main` goes on with is co
 or the engine starts. The check wraps vLLM's own `validate_parsed_serve_args`, which `main` calls right after parsing,
 so the namespace checked is the one served.
 
+When `or1-trl serve` made the server's key (the user gave none), `$OR1_VLLM_KEY_FILE` names the file it goes into
+(`or1_private.write_key`: mode 0600, in this user's private folder): the server writes it once its port is bound
+(wrapping vLLM's `setup_server`), so a second server that fails to bind the same port never replaces the key of the
+one that listens there. The file stays when the server stops: a server started again on that port takes the same
+key (`serve.build_command`), and a trainer waiting for it to come back goes on with the key it holds.
+
 Standard library only at import (the server's environment has vLLM, not or1_trl); `or1-trl serve` puts this
 directory on the server's `PYTHONPATH`.
 """
@@ -52,6 +58,8 @@ def main() -> None:
         print(f"or1-trl serve: error: ${EXPECT_ENV} is unset: start the server with `or1-trl serve`", file=sys.stderr)
         raise SystemExit(REFUSED)
     expected = json.loads(expected)
+    from or1_private import KEY_FILE_ENV, write_key
+    from or1_vllm_auth import API_KEY_ENV
     from vllm.entrypoints.launchers import cli_args
     from vllm.entrypoints.launchers.api_server import entry
 
@@ -65,6 +73,16 @@ def main() -> None:
         return validate(args)
 
     cli_args.validate_parsed_serve_args = checked  # `entry.main` imports it by name when it runs
+    key_path = os.environ.get(KEY_FILE_ENV)
+    if key_path:
+        bind = entry.setup_server
+
+        def bind_then_publish(*args, **kwargs):
+            bound = bind(*args, **kwargs)
+            write_key(key_path, os.environ[API_KEY_ENV])
+            return bound
+
+        entry.setup_server = bind_then_publish  # `run_server` calls it by its name in `entry`
     entry.main()
 
 

@@ -29,6 +29,11 @@ server without one):
 - Weights only from under the **sync roots** the server was started with (`or1-trl serve --sync-root`, passed in
   `$OR1_VLLM_SYNC_ROOTS`; none set: no folder is loaded), resolved with symlinks followed, so neither `..` nor a
   link leads out; every file read is a regular file, not a link.
+- Only from a folder **no other user wrote or could change** (`loadable_folder`): it and every folder between it and
+  its sync root belong to the server's user and are writable by no one else, the folder itself has mode 0700, and
+  each file read belongs to the server's user (`or1_private.loadable_problem`). A sync root is such a folder too
+  (`or1-trl serve` refuses others, `or1_private.sync_root_problem`); the trainer writes each version into a new 0700
+  folder (`disk_sync.DiskWeightSync`).
 - The probe answers a boolean and never returns content: `True` only for a file named `.or1-probe-<32 hex>` under a
   sync root whose content is the token the caller sent (the trainer wrote both).
 - A folder is checked before vLLM touches the model (`check_weights_dir`: safetensors headers that parse and match
@@ -45,7 +50,13 @@ import hmac
 import json
 import os
 import re
+import stat
 import struct
+
+if __package__:  # imported as part of or1_trl
+    from .or1_private import loadable_problem
+else:  # in the server, where this directory is on the PYTHONPATH
+    from or1_private import loadable_problem
 
 EXTENSION_VERSION = 4
 #: Where `or1-trl serve` lists the directories the server may load weights from (`os.pathsep`-separated).
@@ -71,27 +82,42 @@ def under_sync_root(path: str) -> str:
     return real
 
 
-def _regular_file(path: str) -> None:
-    """`ValueError` unless `path` is a regular file itself (a symlink could lead out of the sync root)."""
-    if os.path.islink(path) or not os.path.isfile(path):
-        raise ValueError(f"{path} is not a regular file (a link, a folder or missing)")
-
-
-def check_weights_dir(path: str, expected: set[str] | None = None) -> tuple[str, set[str]]:
-    """Check the folder `path` before any weight is replaced: under a sync root, holding `*.safetensors` files (no
-    links) whose headers parse and whose tensors fill each file exactly, no tensor twice, and every name of
-    `expected` (the tensors of the last weights loaded) among them. Returns `(real path, tensor names)`;
-    `ValueError` saying what is wrong otherwise."""
+def loadable_folder(path: str) -> str:
+    """`path` with symlinks resolved, if it is a folder under a sync root that no other user wrote or could change
+    (`or1_private.loadable_problem`); else `ValueError` (one line)."""
     real = under_sync_root(path)
     if not os.path.isdir(real):
         raise ValueError(f"{path} is not a folder")
+    root = next(root for root in sync_roots() if os.path.commonpath([real, root]) == root)
+    problem = loadable_problem(root, real)
+    if problem:
+        raise ValueError(f"not loading from a folder other users could have written: {problem}")
+    return real
+
+
+def _regular_file(path: str, owned: bool = False) -> None:
+    """`ValueError` unless `path` is a regular file itself (a symlink could lead out of the sync root); `owned`: one
+    of the server's user."""
+    info = os.lstat(path) if os.path.lexists(path) else None
+    if info is None or not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{path} is not a regular file (a link, a folder or missing)")
+    if owned and info.st_uid != os.geteuid():
+        raise ValueError(f"{path} belongs to uid {info.st_uid}, not to the server's user (uid {os.geteuid()})")
+
+
+def check_weights_dir(path: str, expected: set[str] | None = None) -> tuple[str, set[str]]:
+    """Check the folder `path` before any weight is replaced: under a sync root, no other user's (`loadable_folder`),
+    holding `*.safetensors` files (no links, the server's user's) whose headers parse and whose tensors fill each
+    file exactly, no tensor twice, and every name of `expected` (the tensors of the last weights loaded) among them.
+    Returns `(real path, tensor names)`; `ValueError` saying what is wrong otherwise."""
+    real = loadable_folder(path)
     files = sorted(name for name in os.listdir(real) if name.endswith(".safetensors"))
     if not files:
         raise ValueError(f"{path} holds no .safetensors file")
     names: set[str] = set()
     for name in files:
         file = os.path.join(real, name)
-        _regular_file(file)
+        _regular_file(file, owned=True)
         size = os.path.getsize(file)
         with open(file, "rb") as f:
             head = f.read(8)
