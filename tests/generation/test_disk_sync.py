@@ -229,8 +229,10 @@ def test_serve_enable_lora_sets_vllms_flags_and_runtime_updates(monkeypatch):
 
     monkeypatch.delenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", raising=False)
     argv, env = build_command("m", "disk", enable_lora=True, max_lora_rank=32)
-    assert argv[argv.index("--enable-lora"):][:5] == ["--enable-lora", "--max-lora-rank", "32", "--middleware",
-                                                      "or1_vllm_auth.LoRAPathGuard"]  # adapters from the sync roots
+    assert argv[argv.index("--enable-lora"):][:3] == ["--enable-lora", "--max-lora-rank", "32"]
+    middleware = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--middleware"]
+    # adapters only from the sync roots; vLLM adds middleware in order, the last added runs first: the key outermost
+    assert middleware == ["or1_vllm_auth.LoRAPathGuard", "or1_vllm_auth.APIKeyMiddleware"]
     assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
     argv, env = build_command("m", "disk")
     assert "--enable-lora" not in argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
