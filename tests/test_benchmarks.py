@@ -393,3 +393,51 @@ def test_quick_real_demo_benchmark_reports_what_it_measured(tmp_path):
     ratio = costs["fp32"]["update_s"] / costs["demo"]["update_s"]
     assert f"| `fp32` | {costs['fp32']['update_s']:.2f} |" in block and f"{ratio:.2f}x |" in block
     assert costs["demo"]["prompt_tokens"] > 0 and costs["demo"]["tokens"] > 0
+
+
+def test_gpu_sdpa_guard_script_runs_its_quick_mode_on_cpu(tmp_path):
+    """`scripts/gpu_sdpa_guard.sh --quick` (`benchmarks/sdpa_guard.py`) on the CPU: every backward case ran the MATH
+    backend and the default dispatch with cuDNN SDPA on and off (identical here: no cuDNN), finite, within bf16's
+    rounding of MATH in fp32 on the random inputs; rows that attend to nothing come out 0; the model step timed both
+    arms; the guard decides nothing without CUDA."""
+    result = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_sdpa_guard.sh"), "--quick"], cwd=tmp_path,
+                            env={**ENV, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:]
+    with open(tmp_path / "out" / "sdpa_guard.json") as f:
+        values = json.load(f)
+    assert "summary:" in (tmp_path / "out" / "sdpa_guard.log").read_text()
+    env, summary = values["environment"], values["summary"]
+    assert values["quick"] and env["capability"] is None and env["torch"]
+    assert env["guard_decision"] == {"disable_cudnn_sdpa": False, "reason": "no CUDA device"}
+    assert [(row["length"], row["inputs"]) for row in values["backward"]] == [
+        (length, kind) for length in (128, 192, 256) for kind in ("random", "negative_lse")]
+    for row in values["backward"]:
+        arms = {arm.pop("arm"): arm for arm in row["arms"]}
+        assert list(arms) == ["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH",
+                              "default_guard_off", "default_guard_on"]
+        assert row["masked_query_rows"] == row["pads"][1] > 0  # row 1's pad positions attend to nothing
+        assert not arms["CUDNN_ATTENTION"]["ran"] and arms["CUDNN_ATTENTION"]["error"]  # no cuDNN on a CPU
+        assert arms["MATH"]["dispatched"] == ["MATH"] and arms["default_guard_off"]["dispatched"]
+        assert arms["default_guard_off"] == arms["default_guard_on"]  # the switch changes nothing on a CPU
+        for arm in (a for a in arms.values() if a["ran"]):
+            assert all(arm[f"nonfinite_{name}"] == 0 for name in (
+                "out_masked_rows", "out_other_rows", "grad_q", "grad_k", "grad_v")), arm
+        checked = ["MATH", "default_guard_off"] if row["inputs"] == "random" else ["MATH"]
+        for arm in checked:  # bf16 against fp32 (the default's grad_q on negative_lse is ill-conditioned in bf16)
+            for name in ("out", "q", "k", "v"):
+                assert 0 < arms[arm][f"max_abs_diff_{name}"] <= 0.02 * arms[arm][f"reference_max_abs_{name}"], \
+                    (row["length"], row["inputs"], arm, name)
+    padding = {arm["arm"]: arm for arm in values["padding_forward"]["arms"]}
+    assert values["padding_forward"]["masked_query_rows"] == 188  # row 1: 192 tokens, the last 4 real
+    for arm in ("MATH", "default_guard_off", "default_guard_on"):
+        assert padding[arm]["max_abs_out_masked_rows"] == 0 and padding[arm]["nonfinite_out_other_rows"] == 0
+        assert padding[arm]["max_abs_diff_out"] <= 0.02 * padding[arm]["reference_max_abs_out"]
+    step = values["model_step"]
+    assert step["rope_parameters"]["rope_theta"] == 100000.0 and step["attn_implementation"] == "sdpa"
+    for arm in step["arms"].values():
+        assert len(arm["seconds"]) == 2 and arm["median_s"] > 0 and arm["nonfinite_steps"] == 0 and arm["dispatched"]
+    medians = {name: arm["median_s"] for name, arm in step["arms"].items()}
+    assert step["ratio_guard_on_over_off"] == medians["guard_on"] / medians["guard_off"]
+    assert summary["focus_length"] == 192 and summary["model_nonfinite_steps"] == {"guard_off": 0, "guard_on": 0}
+    assert summary["nonfinite_grad_q"]["random"]["default_guard_off"] == 0
