@@ -441,3 +441,22 @@ def test_gpu_sdpa_guard_script_runs_its_quick_mode_on_cpu(tmp_path):
     assert step["ratio_guard_on_over_off"] == medians["guard_on"] / medians["guard_off"]
     assert summary["focus_length"] == 192 and summary["model_nonfinite_steps"] == {"guard_off": 0, "guard_on": 0}
     assert summary["nonfinite_grad_q"]["random"]["default_guard_off"] == 0
+
+
+def test_sdpa_guard_logs_an_arm_whose_grad_q_is_all_nan():
+    """`benchmarks/sdpa_guard.py`'s log line of a backward case where an arm's grad_q holds no finite element (cuDNN's
+    on an H200, `benchmarks/results/sdpa_guard-h200/`): its difference from MATH is None, written "none finite"."""
+    import torch
+
+    sdpa_guard = load_script("sdpa_guard", os.path.join(ROOT, "benchmarks", "sdpa_guard.py"))
+    reference = {name: torch.ones(1, 1, 2, 1) for name in ("out", "q", "k", "v")}
+    masked_rows = torch.tensor([True, False]).view(1, 1, 2, 1)
+    nan_q = {**reference, "q": torch.full((1, 1, 2, 1), float("nan"))}
+    half_off = {**reference, "q": torch.tensor([1.0, 1.5]).view(1, 1, 2, 1)}
+    arms = [{"arm": "CUDNN_ATTENTION", "ran": True, **sdpa_guard.compare(nan_q, reference, masked_rows)},
+            {"arm": "FLASH_ATTENTION", "ran": False, "error": "refused"},
+            {"arm": "default_guard_on", "ran": True, **sdpa_guard.compare(half_off, reference, masked_rows)}]
+    assert arms[0]["nonfinite_grad_q"] == 2 and arms[0]["max_abs_diff_q"] is None
+    assert sdpa_guard.backward_line(704, "random", arms) == (
+        "backward L=704 random: non-finite grad q/k/v, max |dq - MATH fp32| -- cudnn 2/0/0 none finite; "
+        "flash refused; guard_on 0/0/0 0.5")
