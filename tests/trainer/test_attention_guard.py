@@ -1,13 +1,18 @@
 """`or1_trl/trainer/attention_guard.py`: cuDNN SDPA off on Hopper with SDPA attention and torch >= 2.11, said once;
-each condition failing in turn, or the field off, leaves it on (the device query faked: no GPU here)."""
+each condition failing in turn, or the field off, leaves it on (the device query faked: no GPU here); `OR1Trainer`
+acts on `OR1Config.cudnn_sdpa_guard` when it is built."""
 
 import logging
 
 import pytest
 import torch
 
+from or1_trl import OR1Config, OR1Trainer
+from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 from or1_trl.trainer import attention_guard
 from or1_trl.trainer.attention_guard import GuardDecision, decide
+
+from ..helpers import parity_reward, tagged_dataset
 
 HOPPER = (9, 0)
 
@@ -76,4 +81,41 @@ def test_guard_reads_the_device_and_the_model(monkeypatch, cudnn_sdpa_restored, 
     assert torch.backends.cuda.cudnn_sdp_enabled() is not acts
     torch.backends.cuda.enable_cudnn_sdp(True)
     assert not attention_guard.guard(False, model).disable_cudnn_sdpa  # the field off: never
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def build_trainer(args: OR1Config, caplog, hopper: pytest.MonkeyPatch | None = None) -> list[str]:
+    """An `OR1Trainer` on the tiny model (SDPA attention) built with `args`, on a faked Hopper GPU and torch 2.11
+    where `hopper` is given (`args` is built before: its bf16 default reads the device); the guard's log lines."""
+    model, tokenizer = tiny_model_and_tokenizer(seed=0)
+    assert model.config._attn_implementation == "sdpa"
+    if hopper is not None:
+        fake_device(hopper, HOPPER)
+        hopper.setattr(torch, "__version__", "2.11.0+cu130")
+    with caplog.at_level(logging.INFO, logger=attention_guard.__name__):
+        OR1Trainer(model, parity_reward, args=args, train_dataset=tagged_dataset(["MIX"] * 4),
+                   processing_class=tokenizer)
+    return [r.getMessage() for r in caplog.records if r.name == attention_guard.__name__]
+
+
+def test_the_trainer_turns_cudnn_sdpa_off_on_hopper_and_says_so(tmp_path, monkeypatch, cudnn_sdpa_restored, caplog):
+    lines = build_trainer(OR1Config(**tiny_training_args(tmp_path)), caplog, hopper=monkeypatch)
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    assert len(lines) == 1
+    assert lines[0].startswith("cuDNN scaled-dot-product attention is off for this process "
+                               "(torch.backends.cuda.enable_cudnn_sdp(False)): compute capability 9.0 (Hopper), "
+                               "attn_implementation='sdpa', torch 2.11.0+cu130: ")
+    assert lines[0].endswith("Set cudnn_sdpa_guard=False to keep cuDNN.")
+
+
+def test_the_field_off_keeps_cudnn_sdpa_on_hopper(tmp_path, monkeypatch, cudnn_sdpa_restored, caplog):
+    args = OR1Config(**tiny_training_args(tmp_path, cudnn_sdpa_guard=False))
+    assert build_trainer(args, caplog, hopper=monkeypatch) == []
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine as it is, without a CUDA device")
+def test_the_trainer_changes_nothing_without_a_gpu(tmp_path, cudnn_sdpa_restored, caplog):
+    """This machine as it is (no CUDA device, nothing faked): the switch stays on, nothing is said."""
+    assert build_trainer(OR1Config(**tiny_training_args(tmp_path)), caplog) == []
     assert torch.backends.cuda.cudnn_sdp_enabled()
