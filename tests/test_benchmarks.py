@@ -393,3 +393,70 @@ def test_quick_real_demo_benchmark_reports_what_it_measured(tmp_path):
     ratio = costs["fp32"]["update_s"] / costs["demo"]["update_s"]
     assert f"| `fp32` | {costs['fp32']['update_s']:.2f} |" in block and f"{ratio:.2f}x |" in block
     assert costs["demo"]["prompt_tokens"] > 0 and costs["demo"]["tokens"] > 0
+
+
+def test_gpu_sdpa_guard_script_runs_its_quick_mode_on_cpu(tmp_path):
+    """`scripts/gpu_sdpa_guard.sh --quick` (`benchmarks/sdpa_guard.py`) on the CPU: every backward case ran the MATH
+    backend and the default dispatch with cuDNN SDPA on and off (identical here: no cuDNN), finite, within bf16's
+    rounding of MATH in fp32 on the random inputs; rows that attend to nothing come out 0; the model step timed both
+    arms; the guard decides nothing without CUDA."""
+    result = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_sdpa_guard.sh"), "--quick"], cwd=tmp_path,
+                            env={**ENV, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:]
+    with open(tmp_path / "out" / "sdpa_guard.json") as f:
+        values = json.load(f)
+    assert "summary:" in (tmp_path / "out" / "sdpa_guard.log").read_text()
+    env, summary = values["environment"], values["summary"]
+    assert values["quick"] and env["capability"] is None and env["torch"]
+    assert env["guard_decision"] == {"disable_cudnn_sdpa": False, "reason": "no CUDA device"}
+    assert [(row["length"], row["inputs"]) for row in values["backward"]] == [
+        (length, kind) for length in (128, 192, 256) for kind in ("random", "negative_lse")]
+    for row in values["backward"]:
+        arms = {arm.pop("arm"): arm for arm in row["arms"]}
+        assert list(arms) == ["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH",
+                              "default_guard_off", "default_guard_on"]
+        assert row["masked_query_rows"] == row["pads"][1] > 0  # row 1's pad positions attend to nothing
+        assert not arms["CUDNN_ATTENTION"]["ran"] and arms["CUDNN_ATTENTION"]["error"]  # no cuDNN on a CPU
+        assert arms["MATH"]["dispatched"] == ["MATH"] and arms["default_guard_off"]["dispatched"]
+        assert arms["default_guard_off"] == arms["default_guard_on"]  # the switch changes nothing on a CPU
+        for arm in (a for a in arms.values() if a["ran"]):
+            assert all(arm[f"nonfinite_{name}"] == 0 for name in (
+                "out_masked_rows", "out_other_rows", "grad_q", "grad_k", "grad_v")), arm
+        checked = ["MATH", "default_guard_off"] if row["inputs"] == "random" else ["MATH"]
+        for arm in checked:  # bf16 against fp32 (the default's grad_q on negative_lse is ill-conditioned in bf16)
+            for name in ("out", "q", "k", "v"):
+                assert 0 < arms[arm][f"max_abs_diff_{name}"] <= 0.02 * arms[arm][f"reference_max_abs_{name}"], \
+                    (row["length"], row["inputs"], arm, name)
+    padding = {arm["arm"]: arm for arm in values["padding_forward"]["arms"]}
+    assert values["padding_forward"]["masked_query_rows"] == 188  # row 1: 192 tokens, the last 4 real
+    for arm in ("MATH", "default_guard_off", "default_guard_on"):
+        assert padding[arm]["max_abs_out_masked_rows"] == 0 and padding[arm]["nonfinite_out_other_rows"] == 0
+        assert padding[arm]["max_abs_diff_out"] <= 0.02 * padding[arm]["reference_max_abs_out"]
+    step = values["model_step"]
+    assert step["rope_parameters"]["rope_theta"] == 100000.0 and step["attn_implementation"] == "sdpa"
+    for arm in step["arms"].values():
+        assert len(arm["seconds"]) == 2 and arm["median_s"] > 0 and arm["nonfinite_steps"] == 0 and arm["dispatched"]
+    medians = {name: arm["median_s"] for name, arm in step["arms"].items()}
+    assert step["ratio_guard_on_over_off"] == medians["guard_on"] / medians["guard_off"]
+    assert summary["focus_length"] == 192 and summary["model_nonfinite_steps"] == {"guard_off": 0, "guard_on": 0}
+    assert summary["nonfinite_grad_q"]["random"]["default_guard_off"] == 0
+
+
+def test_sdpa_guard_logs_an_arm_whose_grad_q_is_all_nan():
+    """`benchmarks/sdpa_guard.py`'s log line of a backward case where an arm's grad_q holds no finite element (cuDNN's
+    on an H200, `benchmarks/results/sdpa_guard-h200/`): its difference from MATH is None, written "none finite"."""
+    import torch
+
+    sdpa_guard = load_script("sdpa_guard", os.path.join(ROOT, "benchmarks", "sdpa_guard.py"))
+    reference = {name: torch.ones(1, 1, 2, 1) for name in ("out", "q", "k", "v")}
+    masked_rows = torch.tensor([True, False]).view(1, 1, 2, 1)
+    nan_q = {**reference, "q": torch.full((1, 1, 2, 1), float("nan"))}
+    half_off = {**reference, "q": torch.tensor([1.0, 1.5]).view(1, 1, 2, 1)}
+    arms = [{"arm": "CUDNN_ATTENTION", "ran": True, **sdpa_guard.compare(nan_q, reference, masked_rows)},
+            {"arm": "FLASH_ATTENTION", "ran": False, "error": "refused"},
+            {"arm": "default_guard_on", "ran": True, **sdpa_guard.compare(half_off, reference, masked_rows)}]
+    assert arms[0]["nonfinite_grad_q"] == 2 and arms[0]["max_abs_diff_q"] is None
+    assert sdpa_guard.backward_line(704, "random", arms) == (
+        "backward L=704 random: non-finite grad q/k/v, max |dq - MATH fp32| -- cudnn 2/0/0 none finite; "
+        "flash refused; guard_on 0/0/0 0.5")

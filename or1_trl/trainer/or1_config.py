@@ -273,6 +273,20 @@ class OR1Config(GRPOConfig):
             obtained and why: `"error"` stops there, before training; `"allow"` warns and trains with what was
             obtained (`or1_trl/trainer/sharding.py`).
 
+        > Parameters that keep non-finite values out of the weights
+
+        cudnn_sdpa_guard (`bool`, *optional*, defaults to `True`):
+            Turn PyTorch's cuDNN scaled-dot-product-attention backend off where its backward returns NaN
+            (pytorch/pytorch#196678; `or1_trl/trainer/attention_guard.py`): on a CUDA device of compute capability
+            9.x (H100, H200), with the model's attention `"sdpa"` and torch 2.11 or later, cuDNN's backward puts NaN
+            in the query gradient when a padding mask is passed and the sequence length is 64 more than a multiple
+            of 128; the NaN reaches the weights, and a later sampling step dies in a device-side assert. Measured on
+            one H200 (`scripts/gpu_sdpa_guard.sh`, `docs/distributing_training.md`): NaN at 704, 832, 960 and 1088,
+            none at 640 and 768; with the guard SDPA runs its memory-efficient kernel, with no NaN at any of them,
+            and SmolLM2-135M's forward+backward of 32 rows of 704 tokens took 1.126× as long as with cuDNN (the
+            update only, not the whole RL step, which generation dominates). The switch is process-wide and not
+            undone; one warning says when it acts. `False` keeps cuDNN (TRL's behaviour).
+
         > Parameters that control the output directory, resuming, and the checks on prompts and rewards
 
         output_dir (`str`, *optional*, defaults to `"trainer_output"`):
@@ -476,6 +490,16 @@ class OR1Config(GRPOConfig):
     sharding_fallback: str = choice_field("error", SHARDING_FALLBACKS, help=(
         "The launch asked for DeepSpeed or FSDP and the trainer got something else (accelerate runs FSDP as DDP on "
         "CPUs): 'error' (stop with one line saying what was asked, obtained and why) or 'allow' (warn, train)."))
+
+    # Parameters that keep non-finite values out of the weights
+    cudnn_sdpa_guard: bool = field(
+        default=True,
+        metadata={"help": "Turn PyTorch's cuDNN SDPA backend off for the process on compute capability 9.x GPUs "
+                  "(H100, H200) with sdpa attention and torch >= 2.11: its backward returns NaN in grad_q with a "
+                  "padding mask at lengths 64 more than a multiple of 128 (704, 832, ...; pytorch/pytorch#196678). "
+                  "On one H200 the update's forward+backward then took 1.126x as long, with no NaN. False: keep "
+                  "cuDNN."},
+    )
 
     # Parameters that control the output directory, resuming, and the checks on prompts and rewards
     max_prompt_length: int | None = field(

@@ -31,7 +31,8 @@ One step k = one generation batch, on-policy; each hook wraps TRL's (super(), th
 Patches, each scoped and commented where it is made: `vllm_generation.generation_backend` (a TRL module name, during
 `GRPOTrainer.__init__`), and this trainer's own `callback_handler.on_train_end` (`train`: `stage_loop_end`),
 `args.save_total_limit` (`_save_checkpoint`: `checkpoint.save_complete`), `accelerator.gather` (`_compute_loss`) and,
-for a skipped update, its accelerator's `sync_gradients` and optimizer's skip flag (`sharding.UpdateSkip`).
+for a skipped update, its accelerator's `sync_gradients` and optimizer's skip flag (`sharding.UpdateSkip`). Not
+scoped: on Hopper GPUs, PyTorch's cuDNN SDPA backend off for the process (`__init__`, `attention_guard.py`).
 
 With every OR1 feature off (`rejection_sampling="off"`, `use_adaptive_entropy=False`, `entropy_coef=0`,
 `logprob_backend="trl"`, `rollout_correction="trl"`) or with a plain `GRPOConfig`, the trainer is `GRPOTrainer` unchanged.
@@ -65,11 +66,11 @@ from ..recipe.prompts import PromptSchedule
 from ..recipe.rejection import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY, count_kept, loss_mask, reject, row_gathers_padded
 from ..recipe.rollout import Rollout, row_facts, scalar_rewards
 from ..recipe.rollout_correction import RolloutCorrection
-from . import checkpoint, sharding
+from . import attention_guard, checkpoint, sharding
 from .logprobs import resolve_logprob_backend, use_logprob_backend
 from .observability import RunWatch, accuracy_metrics, stage_loop_end
 from .or1_config import OR1Config, check_liger_layer_kernels
-from .packing import attention_problem, check_packable, packed_pass
+from .packing import check_model_attention, check_packable, packed_pass
 from .reward_checks import record_abstentions, screen_rewards
 
 logger = logging.get_logger(__name__)
@@ -88,9 +89,7 @@ def preflight(model, reward_funcs, args, train_dataset, eval_dataset) -> None:
     columns, rows and gold types (`data/preflight.py`), a model instance's attention with `padding_free`."""
     check_liger_layer_kernels(args)
     check_datasets(reward_funcs, train_dataset, eval_dataset)
-    if getattr(args, "padding_free", False) and not isinstance(model, str):
-        if problem := attention_problem(model.config._attn_implementation):
-            raise ValueError(problem)
+    check_model_attention(model, getattr(args, "padding_free", False))
 
 
 def prompt_schedule(args, train_dataset) -> tuple[PromptSchedule | None, object]:
@@ -161,6 +160,7 @@ class OR1Trainer(GRPOTrainer):
             self.logprob_backend, why = resolve_logprob_backend(args.logprob_backend, policy, self.accelerator.device)
             logger.info(f"Log-probs and entropies: logprob_backend={self.logprob_backend!r} ({why}).")
             self._use_logprob_backend()
+            attention_guard.guard(args.cudnn_sdpa_guard, policy, announce=self.accelerator.is_main_process)
         self._check_prompt_lengths()
         self._watch = RunWatch(args, is_or1)  # the time split, final trainer_state.json, entropy and skip warnings
         self.update_skip = sharding.attach(self)  # the backend asked for, or one line; skipped updates (`sharding.py`)

@@ -193,6 +193,16 @@ def attention_problem(attention: str | None) -> str | None:
             f"attn_implementation={attention!r}: choose one of them or set padding_free=False.")
 
 
+def check_model_attention(model, padding_free: bool) -> None:
+    """With `padding_free`, a model instance whose attention cannot read packed `position_ids` is refused before
+    training (`attention_problem`); a model given by name is not loaded yet (`OR1Config` checks
+    `model_init_kwargs`' `attn_implementation`)."""
+    if not padding_free or isinstance(model, str):
+        return
+    if problem := attention_problem(model.config._attn_implementation):
+        raise ValueError(problem)
+
+
 def _zero3(accelerator) -> bool:
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
     return plugin is not None and plugin.zero_stage == 3
