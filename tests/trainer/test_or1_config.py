@@ -75,6 +75,28 @@ def test_every_choice_field_is_checked_with_its_choices(tmp_path):
             config(tmp_path, **{name: "bogus"})
 
 
+def test_every_or1_field_has_the_value_that_reproduces_grpo_trainer(tmp_path):
+    """`TRL_BEHAVIOUR` is the one table of what TRL would do: every OR1 field (every `OR1Config` field `GRPOConfig`
+    lacks) is in it, with a value its choices allow; `from_grpo` gives a plain `GRPOConfig` exactly those values and
+    keeps each of its own, and returns an `OR1Config` as it is."""
+    from or1_trl.trainer.or1_config import FIELD_CHOICES, TRL_BEHAVIOUR
+
+    trl_fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    or1_fields = {f.name for f in dataclasses.fields(OR1Config)} - trl_fields
+    assert set(TRL_BEHAVIOUR) == or1_fields
+    for name, allowed in FIELD_CHOICES.items():
+        assert name not in TRL_BEHAVIOUR or TRL_BEHAVIOUR[name] in allowed + (None,), name
+    grpo = GRPOConfig(**tiny_training_args(tmp_path, lr_scheduler_type="constant", use_adaptive_entropy=True))
+    converted = OR1Config.from_grpo(grpo)
+    assert type(converted) is OR1Config and converted is not grpo
+    assert {name: getattr(converted, name) for name in or1_fields} == TRL_BEHAVIOUR
+    assert all(getattr(converted, name) == getattr(grpo, name) for name in trl_fields)
+    assert not converted.or1_loss_enabled and converted.changed_defaults() == [] and converted.stage_list == []
+    assert not hasattr(grpo, "rejection_sampling")  # the user's config is left as it was
+    or1 = config(tmp_path)
+    assert OR1Config.from_grpo(or1) is or1 and or1.recipe == "magic"
+
+
 def test_trl_losses_allowed_with_or1_off(tmp_path):
     c = config(tmp_path, loss_type="grpo", beta=0.04, rejection_sampling="off", use_adaptive_entropy=False)
     assert not c.or1_loss_enabled
