@@ -162,7 +162,7 @@ def enter_stage(trainer, shape) -> None:
 
 def checkpoint_layout(accelerator) -> list[str]:
     """The files of every rank a checkpoint must hold under this backend, as glob patterns over the checkpoint
-    folder (`checkpoint.verify`): DeepSpeed's `latest` and each rank's ZeRO shards, FSDP's `SHARDED_STATE_DICT`
+    folder (`checkpoint.find_problems`): DeepSpeed's `latest` and each rank's ZeRO shards, FSDP's `SHARDED_STATE_DICT`
     shards, each rank's RNG state."""
     from accelerate.utils import DistributedType
 
