@@ -407,3 +407,40 @@ def test_the_architecture_tree_names_every_module():
         if not re.search(rf"(?<![\w/]){re.escape(path.name)}\b", tree):
             missing.append(path.relative_to(ROOT_PATH).as_posix())
     assert not missing, missing
+
+
+def _trl_names() -> set[str]:
+    """Every name `GRPOTrainer` has: its class attributes and methods (and `Trainer`'s), and the attributes TRL's and
+    transformers' trainer modules set on `self`."""
+    import ast
+    import inspect
+
+    import transformers.trainer
+    import trl.trainer.grpo_trainer
+    from trl import GRPOTrainer
+
+    names = set(dir(GRPOTrainer))
+    for module in (trl.trainer.grpo_trainer, transformers.trainer):
+        names |= {node.attr for node in ast.walk(ast.parse(inspect.getsource(module)))
+                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+                  and isinstance(node.ctx, ast.Store)}
+    return names
+
+
+def test_the_hook_table_is_what_the_trainer_overrides():
+    """docs/architecture.md's table of TRL hooks names every method (and property) `OR1Trainer` defines over a name
+    of `GRPOTrainer`'s, and nothing else: the names in backticks before any parenthesis of its first column."""
+    import inspect
+
+    from or1_trl.trainer.or1_trainer import OR1Trainer
+
+    text = (ROOT_PATH / "docs" / "architecture.md").read_text()
+    table = text.split("## TRL hooks `OR1Trainer` overrides, and why", 1)[1].split("\n\n", 2)[1]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    documented = {name for row in rows for name in re.findall(r"`(\w+)`", row.split("|")[1].split("(")[0])}
+    trl = _trl_names()
+    overridden = {name for name, value in vars(OR1Trainer).items()
+                  if (inspect.isfunction(value) or isinstance(value, property)) and name in trl}
+    assert "_compute_loss" in overridden and "prompt_pool" not in overridden  # OR1's own names are not hooks
+    assert documented == overridden, (f"in the table, not overridden: {sorted(documented - overridden)}; "
+                                      f"overridden, not in the table: {sorted(overridden - documented)}")

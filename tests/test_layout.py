@@ -164,9 +164,6 @@ TESTED_IN = {
     "or1_trl/files.py": "tests/trainer/test_checkpoint.py",  # atomic writes: the checkpoints' kill tests
     "or1_trl/paths.py": "tests/cli/test_errors.py",  # path checks: one-line errors before anything loads
     "or1_trl/testing.py": "tests/cli/test_demo.py",  # the tiny model every test builds; the demo trains it
-    "or1_trl/sampling.py": "tests/generation/test_sampling.py",  # one-release alias
-    "or1_trl/serve.py": "tests/generation/test_serve.py",  # one-release alias
-    "or1_trl/recipe/ranges.py": "tests/trainer/test_or1_config.py",  # the table, walked through OR1Config
     "or1_trl/recipe/rollout.py": "tests/trainer/test_or1_trainer.py",  # the record passed from hook to hook
     "or1_trl/rewards/columns.py": "tests/data/test_released.py",
     "or1_trl/rewards/mixed.py": "tests/data/test_preflight.py",  # one verifier per row
@@ -178,7 +175,6 @@ TESTED_IN = {
     "or1_trl/generation/vllm_ext/or1_vllm_serve.py": "tests/generation/test_serve.py",
     "or1_trl/generation/vllm_ext/or1_vllm_worker.py": "tests/generation/test_disk_sync.py",
     "or1_trl/generation/vllm_ext/or1_private.py": "tests/generation/test_server_access.py",
-    "or1_trl/generation/weight_files.py": "tests/generation/test_disk_sync.py",  # the writer, the private tmpfs dir
     "or1_trl/generation/vllm_generation.py": "tests/generation/test_disk_sync.py",  # the trainer's disk sync
     "or1_trl/generation/vllm_client.py": "tests/generation/test_server_health.py",  # retries, the watch, the key
     "or1_trl/cli/model.py": "tests/test_models.py",  # `or1-trl model smollm2`

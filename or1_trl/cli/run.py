@@ -150,7 +150,7 @@ def train_and_save(trainer, dataset_name: str | None = None) -> None:
     model and its card to `args.output_dir`, push it to the Hub when `args.push_to_hub`, then say where everything is
     and what to run next (`console.closing_lines`, main process). A full disk while saving a checkpoint or the model:
     `checkpoint.DiskFullError`, one line."""
-    from ..trainer.checkpoint import checkpoints, required_files, saving_final, verify
+    from ..trainer.checkpoint import checkpoints, find_problems, required_files, saving_final
     from .console import closing_lines, show_steps
 
     args = trainer.args
@@ -165,7 +165,7 @@ def train_and_save(trainer, dataset_name: str | None = None) -> None:
     pushed = trainer.push_to_hub(dataset_name=dataset_name) if args.push_to_hub else None
     if trainer.is_world_process_zero():
         runtime = next((e["train_runtime"] for e in reversed(trainer.state.log_history) if "train_runtime" in e), None)
-        complete = [c for c in checkpoints(args.output_dir) if not verify(c, required_files(trainer))]
+        complete = [c for c in checkpoints(args.output_dir) if not find_problems(c, required_files(trainer))]
         local = dataset_name if dataset_name and os.path.isfile(dataset_name) else None
         pushed_to = (getattr(pushed, "commit_url", None) or args.hub_model_id or "the Hub") if args.push_to_hub else None
         print("\n".join(closing_lines(args.output_dir, trainer.state.global_step, trainer.state.max_steps, runtime,

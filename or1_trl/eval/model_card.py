@@ -86,7 +86,7 @@ def or1_settings(args) -> list[tuple[str, str]]:
         ("sampling temperature", _fmt(args.temperature)),
         ("loss type, β (KL)", f"{args.loss_type}, {_fmt(args.beta)}"),
     ]
-    if not hasattr(args, "rejection_sampling"):
+    if args.recipe == "trl":
         return rows + [("objective", "TRL's GRPO (a plain GRPOConfig: no OR1 settings)")]
     entropy = "off"
     if args.use_adaptive_entropy:

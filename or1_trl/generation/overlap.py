@@ -47,7 +47,7 @@ class StaleRolloutError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Rollout:
+class PrefetchedRollout:
     """One prefetched rollout.
 
     Attributes:
@@ -124,7 +124,7 @@ class RolloutPrefetch:
         self._version, self._waited = version, 0.0
         self._future = self._executor.submit(_timed, fn, *args, **kwargs)
 
-    def result(self, version: int) -> Rollout:
+    def result(self, version: int) -> PrefetchedRollout:
         """The pending rollout, for the update that starts from weights `version`: blocks until it is generated.
 
         Raises `StaleRolloutError` (after waiting for the request, so nothing keeps running) when it lags more than
@@ -150,7 +150,7 @@ class RolloutPrefetch:
         concurrent.futures.wait([self._future])
         self._waited += time.perf_counter() - start
 
-    def drain(self, version: int | None = None) -> Rollout | None:
+    def drain(self, version: int | None = None) -> PrefetchedRollout | None:
         """Wait for the rollout in flight and return it without the staleness check (`None` without one; `version`
         defaults to its own, staleness 0), leaving nothing in flight: at a stage boundary, where the rollout
         requested with the previous stage's settings is discarded. The worker's exception re-raises."""
@@ -177,7 +177,7 @@ class RolloutPrefetch:
     def __exit__(self, *exc) -> None:
         self.cancel()
 
-    def _take(self, version: int) -> Rollout:
+    def _take(self, version: int) -> PrefetchedRollout:
         future, submitted = self._future, self._version
         if future is None:
             raise RuntimeError("RolloutPrefetch.result: no rollout was submitted; submit() one after the weight push.")
@@ -189,7 +189,7 @@ class RolloutPrefetch:
             error.add_note(f"(raised on the rollout thread, in the generation request of weights v{submitted})")
             raise
         waited_s = self._waited + time.perf_counter() - start
-        return Rollout(value, submitted, version - submitted, generation_s, waited_s)
+        return PrefetchedRollout(value, submitted, version - submitted, generation_s, waited_s)
 
 
 def _timed(fn: Callable, *args, **kwargs) -> tuple[Any, float]:

@@ -190,7 +190,7 @@ def stage_shapes(stages: list[Stage], args, num_processes: int) -> list[StageSha
         temperature=args.temperature,
         learning_rate=args.learning_rate,
         rows_per_micro_step=rows,
-        max_tokens_per_microbatch=getattr(args, "max_tokens_per_microbatch", None),
+        max_tokens_per_microbatch=args.max_tokens_per_microbatch,
     )
     return [stage_shape(stages, i, **run) for i in range(len(stages))]
 
@@ -219,7 +219,7 @@ def apply_to_args(args, shape: StageShape) -> None:
     args.generation_batch_size = shape.generation_batch_size
     args.temperature = shape.temperature
     args.learning_rate = shape.learning_rate
-    if getattr(args, "padding_free", False):
+    if args.padding_free:
         args.max_tokens_per_microbatch = shape.max_tokens_per_microbatch
 
 

@@ -10,7 +10,7 @@ like a checkpoint. The rule here:
   `or1_checkpoint.json` is written: it lists **every file** of the checkpoint (model, optimizer, scheduler, RNG,
   trainer and OR1 state, sub-folders included) with its size and a CRC-32 of its first and last MiB (the whole file
   when it is at most 2 MiB);
-- `verify(folder, required)` says what is wrong with a folder (empty list: complete): no marker, a listed or
+- `find_problems(folder, required)` says what is wrong with a folder (empty list: complete): no marker, a listed or
   required file missing, a size or a checksum that differs from the marker's; under DeepSpeed and FSDP the required
   files include every rank's shards (`sharding.checkpoint_layout`), so a rank's missing file is caught too;
 - `resolve_resume(...)` is what `resume_from_checkpoint` resumes from: `True` takes the newest checkpoint that
@@ -127,7 +127,7 @@ def read_state(folder: str, name: str) -> dict:
         return json.load(f)
 
 
-def verify(folder: str, required: list[str]) -> list[str]:
+def find_problems(folder: str, required: list[str]) -> list[str]:
     """What is wrong with `folder` as a checkpoint, one reason per problem (empty list: complete).
 
     Every file the marker lists must be there with its size and checksum; `required` (the files this trainer needs)
@@ -177,7 +177,7 @@ def last_complete_checkpoint(output_dir: str, required: list[str]) -> tuple[str 
     """`(newest checkpoint of output_dir that verifies or None, [(newer folder skipped, why), ...])`."""
     skipped = []
     for folder in reversed(checkpoints(output_dir)):
-        problems = verify(folder, required)
+        problems = find_problems(folder, required)
         if not problems:
             return folder, skipped
         skipped.append((folder, "; ".join(problems)))
@@ -214,7 +214,7 @@ def resolve_resume(output_dir: str, resume_from_checkpoint: str | bool | None, r
     if resume_from_checkpoint:
         if not os.path.exists(resume_from_checkpoint):
             raise ValueError(f"resume_from_checkpoint {resume_from_checkpoint} does not exist.")
-        problems = verify(resume_from_checkpoint, required)
+        problems = find_problems(resume_from_checkpoint, required)
         if problems:
             raise ValueError(
                 f"Checkpoint {resume_from_checkpoint} is incomplete: {problems[0]}, so resuming from it would fail or "
@@ -383,7 +383,7 @@ def stop_with_checkpoint(trainer):
     except ServerDownError as error:
         step = trainer.state.global_step
         folder = os.path.join(trainer._get_output_dir(trial=None), f"{PREFIX_CHECKPOINT_DIR}-{step}")
-        if verify(folder, trainer._checkpoint_files()):
+        if find_problems(folder, trainer._checkpoint_files()):
             trainer._save_checkpoint(trainer.model, trial=None)
         raise ServerDownError(
             f"{error}: training stopped at step {step}, {os.path.basename(folder)} is complete (nothing lost); restart "

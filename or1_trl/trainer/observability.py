@@ -365,7 +365,7 @@ class SkippedStepWatch:
 
     @classmethod
     def for_config(cls, args) -> "SkippedStepWatch":
-        return cls(after=getattr(args, "skipped_steps_warning", 5), settings={
+        return cls(after=args.skipped_steps_warning, settings={
             "num_generations": args.num_generations, "max_completion_length": args.max_completion_length,
             "mask_truncated_completions": args.mask_truncated_completions})
 
@@ -404,12 +404,12 @@ class RunWatch:
     and skipped-step warnings (`entropy`, `skipped`) and the inf/NaN reward screen (`nonfinite`, `reward_checks.py`).
 
     Args:
-        args: the trainer's config; `is_or1`: an `OR1Config` (the entropy watch is OR1's only).
+        args: the trainer's `OR1Config` (the entropy watch runs with OR1's objective only: `OR1Trainer.training_step`).
     """
 
-    def __init__(self, args, is_or1: bool):
+    def __init__(self, args):
         self.timer = StepTimer()
-        self.entropy = EntropyWatch.for_config(args) if is_or1 else None
+        self.entropy = EntropyWatch.for_config(args)
         self.skipped = SkippedStepWatch.for_config(args)
         self.nonfinite = NonfiniteRewards()
 

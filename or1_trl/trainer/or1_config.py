@@ -50,14 +50,53 @@ FIELD_CHOICES = {
 }
 #: What `to_dict`, `str` and `or1-trl train`'s `sys.argv` show in place of `vllm_server_api_key`.
 API_KEY_PLACEHOLDER = "<VLLM_SERVER_API_KEY>"
-# New OR1Config fields, and the value that behaves as TRL's GRPOTrainer does.
-_TRL_BEHAVIOUR = {
+#: Every OR1 field (every `OR1Config` field `GRPOConfig` lacks) and the value that reproduces TRL's `GRPOTrainer`:
+#: what `OR1Config.from_grpo` gives a plain `GRPOConfig`, so that `OR1Trainer` reads one object. With these,
+#: `OR1Trainer` trains, generates and logs as `GRPOTrainer` (TRL's loss and entropy control, TRL's vLLM backend),
+#: and keeps OR1's checks of the inputs (a non-finite reward is an error, an `output_dir` holding a previous run is
+#: refused, a launch that got another sharding backend than it asked for warns).
+TRL_BEHAVIOUR = {
+    "recipe": "trl",  # TRL's objective; no prompt pool; over-long prompts warned about; no OR1 defaults announced
+    # Rejection sampling (§3.1), the adaptive entropy (eq. 3.2; TRL's own fields hold its settings), the loss
     "rejection_sampling": "off",
+    "rejection_refill_rounds": 0,
+    "entropy_preset": "paper",  # TRL's entropy defaults are the paper's preset
     "entropy_estimator": "full",
+    "entropy_collapse_fraction": 0.5,
+    "entropy_collapse_steps": 10,
     "top_entropy_normalization": "all",
-    "logprob_backend": "trl",
+    "truncated_advantage_mask": "none",
+    # Stages and the prompt pool (§3.2.2, §3.1)
+    "stages": None,
+    "prompt_id_column": "id",
+    "online_filter_threshold": 1.0,
+    "online_filter_unsolved_after": None,
+    # The rollout correction, asynchronous generation and the vLLM server's weight sync
     "rollout_correction": "trl",
+    "rollout_correction_cap": DEFAULT_CAP,
+    "async_generation": False,
+    "max_staleness": 1,
+    "vllm_weight_sync": None,  # TRL's `VLLMGeneration` (an `OR1Config` resolves None in `__post_init__`)
+    "vllm_sync_dtype": "server",
+    "vllm_sync_dir": None,
+    "vllm_sync_peft": "auto",
+    "vllm_server_api_key": None,
+    # Performance
+    "logprob_backend": "trl",
+    "padding_free": False,
+    "max_tokens_per_microbatch": None,
+    "sharding_fallback": "allow",
+    # The output directory and the checks on prompts and rewards
+    "max_prompt_length": None,
+    "nonfinite_rewards": "error",
+    "skipped_steps_warning": 5,
+    "overwrite_output_dir": False,
+    # Non-finite values
+    "cudnn_sdpa_guard": False,  # TRL leaves PyTorch's cuDNN attention on, on Hopper too
 }
+#: Fields of `TRL_BEHAVIOUR` not announced as changed defaults (`OR1Config.changed_defaults`): `sharding_fallback`
+#: only says what a launch is refused or warned about; the attention guard says so itself, once, where it acts.
+_NOT_ANNOUNCED = ("sharding_fallback", "cudnn_sdpa_guard")
 # TRL's `vllm_importance_sampling_*` defaults (GRPOConfig), to tell whether a user changed them.
 _TRL_IS_FIELDS = ("vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
                   "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")
@@ -525,6 +564,23 @@ class OR1Config(GRPOConfig):
         },
     )
 
+    # Not a parameter: what `from_grpo` sets for a plain GRPOConfig (`TRL_BEHAVIOUR`)
+    recipe: str = field(default="magic", init=False, metadata={"help": (
+        "'magic': OR1's recipe (OR1Config). 'trl': a plain GRPOConfig (OR1Config.from_grpo): TRL's objective, no "
+        "prompt pool, over-long prompts a warning, no OR1 default announced or in the model card.")})
+
+    @classmethod
+    def from_grpo(cls, args: GRPOConfig) -> "OR1Config":
+        """`args` itself if it is an `OR1Config`; for a plain `GRPOConfig`, an `OR1Config` holding its values, with
+        every OR1 field at the value that reproduces `GRPOTrainer` (`TRL_BEHAVIOUR`). `args` is validated already
+        (by TRL's `__post_init__`): its values are taken as they are, none of OR1's defaults or checks applied."""
+        if isinstance(args, cls):
+            return args
+        config = cls.__new__(cls)
+        config.__dict__.update(vars(args))
+        config.__dict__.update(TRL_BEHAVIOUR)
+        return config
+
     def __post_init__(self):
         check_ranges(self)  # every numeric field in its range (`ranges.FIELD_RANGES`), before TRL divides by any
         check_choices(self)  # every field with fixed values holds one of them (`FIELD_CHOICES`)
@@ -657,7 +713,7 @@ class OR1Config(GRPOConfig):
     @property
     def or1_loss_enabled(self) -> bool:
         """Whether any OR1 part of the objective is on. If not, OR1Trainer computes exactly TRL's loss."""
-        return (
+        return self.recipe == "magic" and (
             self.rejection_sampling != "off"
             or self.use_adaptive_entropy
             or self.entropy_coef != 0.0
@@ -671,6 +727,8 @@ class OR1Config(GRPOConfig):
         these once at start, so that swapping `GRPOConfig` for `OR1Config` changes nothing unannounced (e.g. the
         learning-rate schedule: constant, the paper's, instead of TRL's linear decay).
         """
+        if self.recipe == "trl":  # a plain GRPOConfig (`from_grpo`): its values are the user's, none OR1's default
+            return []
         changed = []
         for f in dataclasses.fields(self):
             if not f.init:
@@ -678,8 +736,10 @@ class OR1Config(GRPOConfig):
             default = _field_default(OR1Config, f.name)
             if default is None and f.name in ENTROPY_PRESETS["paper"]:
                 default = ENTROPY_PRESETS["paper"][f.name]
-            if f.name in _TRL_BEHAVIOUR:
-                trl = _TRL_BEHAVIOUR[f.name]
+            if f.name in _NOT_ANNOUNCED:
+                continue
+            if f.name in TRL_BEHAVIOUR:
+                trl = TRL_BEHAVIOUR[f.name]
             elif f.name in {g.name for g in dataclasses.fields(GRPOConfig)}:
                 trl = _field_default(GRPOConfig, f.name)
             else:

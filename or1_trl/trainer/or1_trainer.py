@@ -35,7 +35,8 @@ for a skipped update, its accelerator's `sync_gradients` and optimizer's skip fl
 scoped: on Hopper GPUs, PyTorch's cuDNN SDPA backend off for the process (`__init__`, `attention_guard.py`).
 
 With every OR1 feature off (`rejection_sampling="off"`, `use_adaptive_entropy=False`, `entropy_coef=0`,
-`logprob_backend="trl"`, `rollout_correction="trl"`) or with a plain `GRPOConfig`, the trainer is `GRPOTrainer` unchanged.
+`logprob_backend="trl"`, `rollout_correction="trl"`) or with a plain `GRPOConfig` (`OR1Config.from_grpo`: every OR1
+field at `or1_config.TRL_BEHAVIOUR`, the one table of them), the trainer is `GRPOTrainer` unchanged.
 """
 
 from __future__ import annotations
@@ -76,28 +77,22 @@ from .reward_checks import record_abstentions, screen_rewards
 logger = logging.get_logger(__name__)
 
 INDEX_COLUMN = "or1_index"  # added to the train dataset: the row's index, for per-prompt statistics
-OFF = {"padding_free": False, "rejection_sampling": "off", "truncated_advantage_mask": "none"}  # TRL's behaviour
 
 
-def _or1(args, name: str):
-    """`args.<name>` of an `OR1Config`; its `OFF` value (TRL's behaviour) for a plain `GRPOConfig`."""
-    return getattr(args, name) if isinstance(args, OR1Config) else OFF[name]
-
-
-def preflight(model, reward_funcs, args, train_dataset, eval_dataset) -> None:
+def preflight(model, reward_funcs, args: OR1Config, train_dataset, eval_dataset) -> None:
     """Bad input fails here, before the model is loaded or anything is generated: Liger's layer kernels, the datasets'
     columns, rows and gold types (`data/preflight.py`), a model instance's attention with `padding_free`."""
     check_liger_layer_kernels(args)
     check_datasets(reward_funcs, train_dataset, eval_dataset)
-    check_model_attention(model, getattr(args, "padding_free", False))
+    check_model_attention(model, args.padding_free)
 
 
-def prompt_schedule(args, train_dataset) -> tuple[PromptSchedule | None, object]:
-    """The prompt pool over a map-style train dataset (`OR1Config`; stages and refills need one), and the dataset."""
-    if isinstance(args, OR1Config) and isinstance(train_dataset, Dataset):
+def prompt_schedule(args: OR1Config, train_dataset) -> tuple[PromptSchedule | None, object]:
+    """The prompt pool over a map-style train dataset (OR1's recipe; stages and refills need one), and the dataset."""
+    if args.recipe == "magic" and isinstance(train_dataset, Dataset):
         log = os.path.join(args.output_dir, checkpoint.PROMPT_STATS_LOG)
         return PromptSchedule.over(train_dataset, args.prompt_id_column, args.seed, log, INDEX_COLUMN)
-    if isinstance(args, OR1Config) and (args.stage_list or args.rejection_refill_rounds):
+    if args.stage_list or args.rejection_refill_rounds:
         raise ValueError("stages and rejection_refill_rounds need a map-style `datasets.Dataset` as train_dataset (the "
                          "prompt pool indexes it).")
     return None, train_dataset
@@ -135,12 +130,12 @@ class OR1Trainer(GRPOTrainer):
         if args is None:
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = OR1Config(f"{model_name.split('/')[-1]}-OR1")
+        args = OR1Config.from_grpo(args)  # a plain GRPOConfig: every OR1 field at TRL's behaviour (`TRL_BEHAVIOUR`)
         # The released (verl) format gets our columns, and each row its verifier when none is given.
         reward_funcs, train_dataset, eval_dataset = released_format_inputs(reward_funcs, train_dataset, eval_dataset)
         preflight(model, reward_funcs, args, train_dataset, eval_dataset)  # bad input fails before the model loads
-        is_or1 = isinstance(args, OR1Config)
         self.entropy_controller = AdaptiveEntropyController.for_config(args)
-        self._or1_loss_enabled = is_or1 and args.or1_loss_enabled
+        self._or1_loss_enabled = args.or1_loss_enabled
         self._entropy_window = StepWindow()  # e_k over the micro-steps of the current optimizer step
         self._rollout = Rollout(torch.empty(0))  # the record of the step's rollout (`_generate_and_score_completions`)
         self._scoring: Rollout | None = None  # `_calculate_rewards`' record, until the `_scored` call it belongs to
@@ -148,30 +143,29 @@ class OR1Trainer(GRPOTrainer):
         self.logprob_backend = "trl"  # resolved for the device and model below, once the model is loaded
         # What the trainer trains on, and when (§3.1, §3.2.2): the prompt schedule and the stages, checked here.
         self.prompt_schedule, train_dataset = prompt_schedule(args, train_dataset)
-        self._stages = stages.StageRun(args.stage_list if is_or1 else [], args, args.world_size,
+        self._stages = stages.StageRun(args.stage_list, args, args.world_size,
                                        len(self.prompt_pool) if self.prompt_schedule else 0)
         sharding.check_before_loading(args, self._stages.shapes)  # what DeepSpeed cannot run
         # vLLM server mode: TRL's NCCL weight transfer, or safetensors through a shared directory (disk_sync.py).
         # Process-wide: the module-level name TRL builds its backend by is swapped during this call only.
-        with generation_backend(args) if is_or1 else nullcontext():
+        with generation_backend(args) if args.vllm_weight_sync is not None else nullcontext():  # None: TRL's
             super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *rest, **kwargs)
-        if is_or1:
-            policy = self.accelerator.unwrap_model(self.model)
-            self.logprob_backend, why = resolve_logprob_backend(args.logprob_backend, policy, self.accelerator.device)
-            logger.info(f"Log-probs and entropies: logprob_backend={self.logprob_backend!r} ({why}).")
-            self._use_logprob_backend()
-            attention_guard.guard(args.cudnn_sdpa_guard, policy, announce=self.accelerator.is_main_process)
+        policy = self.accelerator.unwrap_model(self.model)
+        self.logprob_backend, why = resolve_logprob_backend(args.logprob_backend, policy, self.accelerator.device)
+        logger.info(f"Log-probs and entropies: logprob_backend={self.logprob_backend!r} ({why}).")
+        self._use_logprob_backend()
+        attention_guard.guard(args.cudnn_sdpa_guard, policy, announce=self.accelerator.is_main_process)
         self._check_prompt_lengths()
-        self._watch = RunWatch(args, is_or1)  # the time split, final trainer_state.json, entropy and skip warnings
+        self._watch = RunWatch(args)  # the time split, final trainer_state.json, entropy and skip warnings
         self.update_skip = sharding.attach(self)  # the backend asked for, or one line; skipped updates (`sharding.py`)
         for callback in self._watch.callbacks(self._log_metrics):
             self.add_callback(callback)
-        self._rollout_correction = RolloutCorrection.for_config(args) if is_or1 and self.use_vllm else None
+        self._rollout_correction = RolloutCorrection.for_config(args) if args.recipe == "magic" and self.use_vllm else None
         # One-step-off rollouts (`generation/overlap.py`), with async_generation.
-        self._overlap = OverlappedRollouts.for_trainer(self) if is_or1 and args.async_generation else None
+        self._overlap = OverlappedRollouts.for_trainer(self) if args.async_generation else None
         if self._stages:  # the sampler's own resume, each stage's end, every stage fits vLLM
             self._stages.attach(self)
-        if is_or1 and self.accelerator.is_main_process and (changed := args.changed_defaults()):
+        if self.accelerator.is_main_process and (changed := args.changed_defaults()):
             logger.warning("OR1Config runs the MAGIC recipe; these defaults differ from GRPOConfig's (set them to change): "
                            + ", ".join(f"{name}={value!r} (GRPOConfig: {trl!r})" for name, value, trl in changed))
 
@@ -199,7 +193,7 @@ class OR1Trainer(GRPOTrainer):
                                  device=rewards_per_func.device)  # [b, 3]
             rollout.rows = self.accelerator.gather(local)  # [B*G, 3]
             self._log_metrics(accuracy_metrics(rollout.rewards, rollout.rows[:, 1]))
-            if _or1(self.args, "truncated_advantage_mask") == "before":  # truncated rows leave the group statistics
+            if self.args.truncated_advantage_mask == "before":  # truncated rows leave the group statistics
                 rewards_per_func = leave_group_statistics(rewards_per_func, rollout.rows[:, 1])
                 rollout.group_rewards = scalar_rewards(rewards_per_func, self.reward_weights)
         self._scoring = rollout  # taken by the `_scored` call this rollout batch belongs to
@@ -210,7 +204,7 @@ class OR1Trainer(GRPOTrainer):
         the truncated responses' advantage mask (`recipe/advantages.py`), and the rollout's record."""
         batch = super()._generate_and_score_completions(inputs)
         rollout, self._scoring = self._scoring, None
-        if _or1(self.args, "truncated_advantage_mask") != "none" and self.model.training:
+        if self.args.truncated_advantage_mask != "none" and self.model.training:
             start = self.accelerator.process_index * len(batch["advantages"])  # this rank's rows: 0 where truncated
             truncated = rollout.rows[start : start + len(batch["advantages"]), 1]  # [b]
             batch["advantages"] = zero_truncated(batch["advantages"], truncated)
@@ -231,7 +225,7 @@ class OR1Trainer(GRPOTrainer):
         self._record_prompt_stats(rollout)
         if not self._or1_loss_enabled:
             return batch
-        if (mode := _or1(self.args, "rejection_sampling")) != "off":
+        if (mode := self.args.rejection_sampling) != "off":
             def more():  # a refill: another rollout batch from the pool, all ranks in lockstep
                 rows = self.prompt_schedule.refill_rows(self._stages.index, num_groups, self.num_generations)
                 start = self.accelerator.process_index * len(inputs)
@@ -271,7 +265,7 @@ class OR1Trainer(GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):
-        if _or1(self.args, "padding_free"):  # every pass (policy, old policy, reference) packed (`packing.py`)
+        if self.args.padding_free:  # every pass (policy, old policy, reference) packed (`packing.py`)
             check_packable(compute_aux_loss, multimodal)
             logps, entropies, slots = packed_pass(model, self.accelerator, input_ids, attention_mask, logits_to_keep,
                                                   self.args.max_tokens_per_microbatch, compute_entropy)
@@ -306,7 +300,7 @@ class OR1Trainer(GRPOTrainer):
         self._entropy_bonus_enabled, self._policy_pass = False, {}
         # Compacted ranks hold different row counts: this trainer's `accelerator.gather` NaN-pads TRL's per-row
         # metric gathers while TRL's loss runs (an instance attribute, removed on exit; other trainers untouched).
-        compact = mode == "train" and _or1(self.args, "rejection_sampling") == "compact"
+        compact = mode == "train" and self.args.rejection_sampling == "compact"
         with row_gathers_padded(self.accelerator, active=compact):
             trl_loss = super()._compute_loss(model, {**inputs, "tool_mask": mask})
         policy_pass, self._policy_pass = self._policy_pass, None
@@ -417,8 +411,8 @@ class OR1Trainer(GRPOTrainer):
                 self._overlap.reset()
 
     def _train_stages(self, resume_from_checkpoint, trial, **kwargs):
-        overwrite = getattr(self.args, "overwrite_output_dir", False)  # OR1Config's (relaunch safety)
-        checkpoint.prepare_output_dir(self.args.output_dir, resume_from_checkpoint, overwrite, self.accelerator.is_main_process)
+        checkpoint.prepare_output_dir(self.args.output_dir, resume_from_checkpoint, self.args.overwrite_output_dir,
+                                      self.accelerator.is_main_process)
         self.accelerator.wait_for_everyone()
         folder = checkpoint.resolve_resume(self.args.output_dir, resume_from_checkpoint, self._checkpoint_files())
         while True:
@@ -476,14 +470,14 @@ class OR1Trainer(GRPOTrainer):
             self.train_dataset, self.eval_dataset, lambda batch: super(OR1Trainer, self)._tokenize_prompts(batch)[0],
             self.accelerator.unwrap_model(self.model).config.get_text_config(),
             max([self.args.max_completion_length] + [s.max_completion_length for s in self._stages.shapes]),
-            getattr(self.args, "max_prompt_length", None), self.args.vllm_max_model_length if self.use_vllm else None,
-            strict=isinstance(self.args, OR1Config), is_vlm=self._is_vlm,
+            self.args.max_prompt_length, self.args.vllm_max_model_length if self.use_vllm else None,
+            strict=self.args.recipe == "magic", is_vlm=self._is_vlm,
             tokenised_elsewhere=self.rollout_func is not None or self.environment_factories is not None,
             warn=logger.warning if self.accelerator.is_main_process else lambda message: None)
 
     def _tokenize_prompts(self, prompts: list):
         prompt_ids, images, multimodal_fields = super()._tokenize_prompts(prompts)
-        limit = getattr(self.args, "max_prompt_length", None)
+        limit = self.args.max_prompt_length
         if limit is not None:  # keep the last `max_prompt_length` tokens (left truncation, as TRL's SDPO trainer)
             prompt_ids = [ids[-limit:] for ids in prompt_ids]
         return prompt_ids, images, multimodal_fields

@@ -156,7 +156,7 @@ def screen_rewards(trainer, nonfinite: NonfiniteRewards, rewards_per_func: torch
     settings, ranks and step: the screened rewards; the count logged (`NONFINITE_METRIC`), the warning given."""
     rewards_per_func, count, warning = nonfinite.screen(
         rewards_per_func, abstained, trainer.accelerator.gather,
-        getattr(trainer.args, "nonfinite_rewards", "error") == "zero", trainer.reward_func_names,
+        trainer.args.nonfinite_rewards == "zero", trainer.reward_func_names,
         trainer.accelerator.process_index, prompts, completions, [row.get(index_column, -1) for row in inputs],
         trainer.state.global_step + 1)
     if count is not None:

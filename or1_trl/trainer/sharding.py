@@ -79,7 +79,7 @@ def check_backend(trainer) -> None:
                      trainer.accelerator.device.type)
     if line is None:
         return
-    if getattr(trainer.args, "sharding_fallback", "allow") == "error":
+    if trainer.args.sharding_fallback == "error":
         raise ValueError(f"{line} Set sharding_fallback='allow' to train with {trainer.accelerator.distributed_type.value} "
                          "anyway, or launch where the asked backend runs.")
     if trainer.accelerator.is_main_process:
@@ -135,8 +135,8 @@ def check_before_loading(args, shapes) -> None:
     """What DeepSpeed cannot run, as a `ValueError` before the model loads: stages that change the accumulation steps
     with a config that fixes `gradient_accumulation_steps` (not "auto"); `logprob_backend="liger"` under ZeRO-3
     (`logprobs.py`: ZeRO-3 re-partitions the LM head before Liger's backward recomputes with it)."""
-    plugin = getattr(args, "deepspeed_plugin", None)
-    if plugin is not None and plugin.zero_stage == 3 and getattr(args, "logprob_backend", None) == "liger":
+    plugin = args.deepspeed_plugin
+    if plugin is not None and plugin.zero_stage == 3 and args.logprob_backend == "liger":
         raise ValueError("logprob_backend='liger' cannot run under DeepSpeed ZeRO-3 (it re-partitions the LM head "
                          "before Liger's backward recomputes with it): use logprob_backend 'trl' or 'auto'.")
     fixed = None if plugin is None else plugin.deepspeed_config.get("gradient_accumulation_steps", "auto")
@@ -162,7 +162,7 @@ def enter_stage(trainer, shape) -> None:
 
 def checkpoint_layout(accelerator) -> list[str]:
     """The files of every rank a checkpoint must hold under this backend, as glob patterns over the checkpoint
-    folder (`checkpoint.verify`): DeepSpeed's `latest` and each rank's ZeRO shards, FSDP's `SHARDED_STATE_DICT`
+    folder (`checkpoint.find_problems`): DeepSpeed's `latest` and each rank's ZeRO shards, FSDP's `SHARDED_STATE_DICT`
     shards, each rank's RNG state."""
     from accelerate.utils import DistributedType
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from or1_trl import OR1Config
-from or1_trl.generation.overlap import THREAD_NAME, Rollout, RolloutPrefetch, StaleRolloutError, rollout_threads
+from or1_trl.generation.overlap import THREAD_NAME, PrefetchedRollout, RolloutPrefetch, StaleRolloutError, rollout_threads
 from or1_trl.recipe.rollout_correction import correction_weights
 from or1_trl.testing import tiny_training_args
 
@@ -65,7 +65,7 @@ def test_generation_hidden_behind_training():
 def test_overlap_is_the_hidden_fraction(generation_s, waited_s, overlap):
     """overlap = 1 − waited / generation, clamped to [0, 1]: the update waited for all of the generation (0, as
     without async), half of it (½), none (1); a request that took no time is fully hidden."""
-    assert Rollout("x", 0, 1, generation_s, waited_s).overlap == overlap
+    assert PrefetchedRollout("x", 0, 1, generation_s, waited_s).overlap == overlap
 
 
 def test_the_update_that_does_not_train_waits_for_the_whole_generation():

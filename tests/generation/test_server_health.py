@@ -124,7 +124,7 @@ def test_a_server_down_too_long_stops_with_a_complete_checkpoint_and_resume_uses
     assert "training stopped at step 1, checkpoint-1 is complete (nothing lost)" in message
     assert "--resume_from_checkpoint true" in message
     folder = os.path.join(tmp_path, "checkpoint-1")
-    assert checkpoint.verify(folder, trainer._checkpoint_files()) == []  # saved by the stop (save_strategy="no")
+    assert checkpoint.find_problems(folder, trainer._checkpoint_files()) == []  # saved by the stop (save_strategy="no")
 
     server.start()  # fresh: the weights it was started with, not the checkpoint's
     saved = AutoModelForCausalLM.from_pretrained(folder)
@@ -193,7 +193,7 @@ def test_two_trainer_processes_stop_together_when_the_server_dies_mid_step(serve
     ranks = [json.loads((tmp_path / f"down_rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["error"] == ranks[1]["error"] and ranks[0]["step"] == ranks[1]["step"] == 1
     assert "did not answer for" in ranks[0]["error"] and "checkpoint-1 is complete" in ranks[0]["error"]
-    assert checkpoint.verify(str(tmp_path / "checkpoint-1"), ranks[0]["files"]) == []
+    assert checkpoint.find_problems(str(tmp_path / "checkpoint-1"), ranks[0]["files"]) == []
 
 
 def group_members(pgid: int) -> list[int]:

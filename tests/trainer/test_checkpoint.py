@@ -88,7 +88,7 @@ def test_kill_while_checkpointing_resumes_from_last_complete_checkpoint(tmp_path
         make_trainer(tmp_path).train()
     monkeypatch.undo()
     assert names(tmp_path) == ["checkpoint-2", "checkpoint-4"]
-    assert checkpoint.verify(str(tmp_path / "checkpoint-4"), ["or1_state.json"])
+    assert checkpoint.find_problems(str(tmp_path / "checkpoint-4"), ["or1_state.json"])
 
     # An explicit resume from the incomplete folder is an error that names what is missing.
     with pytest.raises(ValueError, match=r"checkpoint-4 is incomplete: (entropy_ctrl_state|or1_state)\.json is missing"):
@@ -107,7 +107,7 @@ def test_kill_while_checkpointing_resumes_from_last_complete_checkpoint(tmp_path
         torch.testing.assert_close(value, expected[name], atol=1e-7, rtol=1e-6, msg=name)
     # The finished run left one complete checkpoint (rotation ran once it was complete).
     assert names(tmp_path) == ["checkpoint-6"]
-    assert checkpoint.verify(str(tmp_path / "checkpoint-6"), resumed._checkpoint_files()) == []
+    assert checkpoint.find_problems(str(tmp_path / "checkpoint-6"), resumed._checkpoint_files()) == []
 
 
 def test_resume_with_no_complete_checkpoint_is_an_error(tmp_path):
@@ -158,26 +158,26 @@ def test_marker_lists_every_file_with_its_size_and_checksum(tmp_path):
         "pool.json": {"size": len(pool), "crc32": f"{zlib.crc32(pool):08x}"},
         "trainer_state.json": {"size": 2, "crc32": f"{zlib.crc32(b'{}'):08x}"},
     }
-    assert checkpoint.verify(folders[4], required) == []
-    assert checkpoint.verify(folders[10], required) == [
+    assert checkpoint.find_problems(folders[4], required) == []
+    assert checkpoint.find_problems(folders[10], required) == [
         "pool.json is missing", "or1_checkpoint.json is missing (the run stopped before the checkpoint was complete)"]
-    assert checkpoint.verify(folders[4], [*required, "optimizer.pt"]) == ["optimizer.pt is missing"]  # not listed
+    assert checkpoint.find_problems(folders[4], [*required, "optimizer.pt"]) == ["optimizer.pt is missing"]  # not listed
     assert checkpoint.last_complete_checkpoint(str(tmp_path), required) == (folders[4], [(folders[10], "; ".join(
-        checkpoint.verify(folders[10], required)))])
+        checkpoint.find_problems(folders[10], required)))])
 
     path = os.path.join(folders[4], "global_step4", "shard.bin")
     damaged = bytearray(shard)
     damaged[len(shard) // 2] ^= 1  # the middle: not covered (size and ends unchanged)
     open(path, "wb").write(damaged)
-    assert checkpoint.verify(folders[4], required) == []
+    assert checkpoint.find_problems(folders[4], required) == []
     damaged[-10] ^= 1  # the last MiB
     open(path, "wb").write(damaged)
-    assert checkpoint.verify(folders[4], required) == ["global_step4/shard.bin differs from its checksum in the marker (corrupted)"]
+    assert checkpoint.find_problems(folders[4], required) == ["global_step4/shard.bin differs from its checksum in the marker (corrupted)"]
     os.truncate(path, 1000)
-    assert checkpoint.verify(folders[4], required) == [
+    assert checkpoint.find_problems(folders[4], required) == [
         f"global_step4/shard.bin is 1000 bytes, the marker says {len(shard)} (truncated or changed)"]
     os.remove(os.path.join(folders[4], "pool.json"))
-    assert "pool.json is missing" in checkpoint.verify(folders[4], required)
+    assert "pool.json is missing" in checkpoint.find_problems(folders[4], required)
     assert checkpoint.last_complete_checkpoint(str(tmp_path), required)[0] == folders[2]
     assert checkpoint.last_complete_checkpoint(str(tmp_path / "nowhere"), required) == (None, [])
 
@@ -256,7 +256,7 @@ def test_resume_skips_a_checkpoint_whose_files_do_not_match_its_marker(tmp_path,
     assert messages[1] == f"Resuming from {out}/checkpoint-1, the newest complete checkpoint."
     assert [e["step"] for e in resumed.state.log_history if "loss" in e] == [1, 2]
     assert logged(resumed, "loss") == pytest.approx(logged(original, "loss"), abs=1e-6)
-    assert checkpoint.verify(str(out / "checkpoint-2"), resumed._checkpoint_files()) == []  # saved again, complete
+    assert checkpoint.find_problems(str(out / "checkpoint-2"), resumed._checkpoint_files()) == []  # saved again, complete
 
 
 def test_missing_resume_path_says_it_does_not_exist(tmp_path):
@@ -392,7 +392,7 @@ def test_full_disk_is_one_line_and_the_previous_checkpoint_stays(small_disk, fai
     resumed = make_trainer(out, **TWO_STEPS)
     resumed.train(resume_from_checkpoint=True)
     assert resumed.state.global_step == 2 and names(out) == ["checkpoint-1", "checkpoint-2"]
-    assert checkpoint.verify(str(out / "checkpoint-2"), resumed._checkpoint_files()) == []
+    assert checkpoint.find_problems(str(out / "checkpoint-2"), resumed._checkpoint_files()) == []
 
 
 def test_demo_starts_over_in_its_own_directory_and_says_so(tmp_path, two_step_run, capsys):

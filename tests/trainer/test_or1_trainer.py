@@ -40,6 +40,21 @@ def test_drop_in_equivalence_with_grpo_trainer(tmp_path):
     assert changed
 
 
+def test_a_plain_grpo_config_trains_as_grpo_trainer(tmp_path):
+    """A plain GRPOConfig (`OR1Config.from_grpo`: every OR1 field at `TRL_BEHAVIOUR`), TRL's own adaptive entropy
+    control on: same losses, entropy coefficients and parameters as GRPOTrainer, step for step; no prompt pool."""
+    common = dict(max_steps=3, learning_rate=1e-3, gradient_accumulation_steps=2, use_adaptive_entropy=True,
+                  entropy_target=7.0, entropy_coef_delta=0.01)  # the tiny model's entropy is about 6.1: c grows
+    trl_trainer, _ = train(GRPOTrainer, GRPOConfig, tmp_path / "trl", **common)
+    or1_trainer, before = train(OR1Trainer, GRPOConfig, tmp_path / "or1", **common)
+    assert logged(or1_trainer, "loss") == logged(trl_trainer, "loss")
+    assert logged(or1_trainer, "entropy_coef") == logged(trl_trainer, "entropy_coef") != [0.0, 0.0, 0.0]
+    for (name, p_or1), (_, p_trl) in zip(or1_trainer.model.named_parameters(), trl_trainer.model.named_parameters()):
+        assert torch.equal(p_or1, p_trl), name
+    assert or1_trainer.args.recipe == "trl" and or1_trainer.prompt_schedule is None
+    assert not os.path.exists(tmp_path / "or1" / "prompt_stats.jsonl")
+
+
 def test_magic_defaults_train_and_log(tmp_path):
     trainer, before = train(OR1Trainer, OR1Config, tmp_path, learning_rate=1e-3)
     assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())

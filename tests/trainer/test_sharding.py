@@ -185,7 +185,7 @@ def test_every_feature_trains_as_one_process_does(backend, runs):
     assert [e["entropy/alpha"] for e in logged] == pytest.approx([0.0, 0.05, 0.1, 0.1])  # none measured at step 3
     assert any(e.get("refill/rounds", 0) >= 1 for e in logged) and any(e["rejection/kept_group_frac"] < 1 for e in logged)
     for step in range(1, 5):  # each checkpoint verified, its marker listing every rank's shards
-        assert checkpoint.verify(str(folder / f"checkpoint-{step}"), []) == []
+        assert checkpoint.find_problems(str(folder / f"checkpoint-{step}"), []) == []
 
 
 @pytest.mark.parametrize("backend", SHARDED)
@@ -211,7 +211,7 @@ def test_a_killed_run_resumes_exactly_from_its_last_complete_checkpoint(backend,
     shard = next(name for name in sorted(checkpoint._files(str(killed / "checkpoint-3")))
                  if "rank_1" in name or "__1_" in name)
     os.remove(killed / "checkpoint-3" / shard)
-    problems = checkpoint.verify(str(killed / "checkpoint-3"), layout)
+    problems = checkpoint.find_problems(str(killed / "checkpoint-3"), layout)
     assert f"{shard} is missing" in problems
 
 
