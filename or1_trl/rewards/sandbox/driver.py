@@ -248,18 +248,20 @@ def _read_exact_into(fd, buf: bytearray):
         got += n
 
 
+def _read_frame(fd: int) -> dict:
+    """One frame of stdin: its length (16 hex digits), then that many bytes of JSON. Reads no byte beyond it: what
+    follows (the asserts format's tests) is left for the judge."""
+    size = bytearray(16)
+    _read_exact_into(fd, size)
+    data = bytearray(int(size.decode("ascii"), 16))
+    _read_exact_into(fd, data)
+    return json.loads(data.decode("utf-8"))
+
+
 def _read_job(nonce: bytearray) -> dict:
     """The nonce (into ``nonce``, before any untrusted code exists), then the job, from stdin."""
     _read_exact_into(0, nonce)
-    raw = bytearray()
-    while True:
-        chunk = os.read(0, 1 << 20)
-        if not chunk:
-            break
-        raw += chunk
-    job = json.loads(raw.decode("utf-8"))
-    del raw
-    return job
+    return _read_frame(0)
 
 
 def _limit_driver(job):
@@ -298,6 +300,14 @@ def main():
     # The sandbox and the driver work. Until this record, no untrusted code has run: a failure before it is the
     # sandbox's (status "sandbox_error"), a failure after it may be the program's.
     _emit(nonce, {"ready": len(job["tests"])})
+    if job["kind"] == "assert":
+        try:
+            _judge_sample(job, nonce, code_obj)
+        except (OSError, MemoryError) as e:  # the driver's own fork / socket failed: it could not judge the sample
+            _emit(nonce, {"sandbox_error": f"{type(e).__name__}: {e}"})
+            os._exit(0)
+        _emit(nonce, {"done": len(job["tests"])})
+        os._exit(0)
     for i, test in enumerate(job["tests"]):
         try:
             rec = _run_one_test(job, test, nonce, code_obj)
@@ -544,8 +554,8 @@ def _child_run(job, test, nonce: bytearray, fds, code_obj):
         os._exit(121)
     if kind == "stdio":
         _child_stdio(code_obj, real_stdout, real_os_exit)
-    # "call" and "assert": run prefix + solution as a module named "solution", then the test itself.
-    payload = _child_call_or_assert(job, test, code_obj, real_os_exit)
+    # "call": run prefix + solution as a module named "solution", then call the function.
+    payload = _child_call(job, test, code_obj, real_os_exit)
     try:
         data = payload.encode()
         view = memoryview(data)
@@ -602,33 +612,25 @@ def _child_stdio(code_obj, real_stdout, real_os_exit):
     real_os_exit(code & 0xFF)
 
 
-def _child_call_or_assert(job, test, code_obj, real_os_exit) -> str:
-    """A call or assert test: the JSON payload of encoded data (the return value, or the result of each call the
-    trainer asks for); exits with status 1 if the program (or, for a call test, its function) raises."""
+def _child_call(job, test, code_obj, real_os_exit) -> str:
+    """A function-call test: the JSON payload of the encoded return value; exits with status 1 if the program (or its
+    function) raises."""
     enc = encode_value
     dumps = json.dumps
-    payload = None
-    kind = job["kind"]
     try:
         ns = {"__name__": "solution", "__builtins__": __builtins__}
-        state = _BuiltinsState() if kind == "assert" else None  # before any untrusted code: the pristine builtins
         if job.get("prefix"):
             exec(compile(job["prefix"], "<import_prefix>", "exec"), ns)
         exec(code_obj, ns)
-        if kind == "call":
-            fn_name = job["fn_name"]
-            sol = ns.get("Solution")
-            if isinstance(sol, type) and hasattr(sol, fn_name):
-                fn = getattr(sol(), fn_name)
-            else:
-                fn = ns[fn_name]
-            args = decode_value(test["args"])
-            result = fn(*args)
-            payload = dumps({"value": enc(result)})
-        else:  # assert: the test itself runs in the trainer; here only the calls it made on the program's names
-            state.to_driver()
-            names = list(job.get("data_classes") or ())
-            payload = dumps({"results": [_serve_call(ns, call, names, state) for call in test["calls"]]})
+        fn_name = job["fn_name"]
+        sol = ns.get("Solution")
+        if isinstance(sol, type) and hasattr(sol, fn_name):
+            fn = getattr(sol(), fn_name)
+        else:
+            fn = ns[fn_name]
+        args = decode_value(test["args"])
+        result = fn(*args)
+        payload = dumps({"value": enc(result)})
     except BaseException as e:  # noqa: BLE001
         try:
             os.write(2, f"{type(e).__name__}: {e}\n".encode()[:2000])
@@ -638,71 +640,199 @@ def _child_call_or_assert(job, test, code_obj, real_os_exit) -> str:
     return payload
 
 
-class _BuiltinsState:
-    """The builtins as the driver found them (before any untrusted code) and as the program left them: the program's
-    functions run with its own, the driver's decoding and encoding with the pristine ones, so a program that rebinds
-    ``isinstance`` or ``str`` is judged on what its functions return instead of breaking its own harness."""
-
-    def __init__(self, _copy=dict.copy):
-        import builtins
-
-        self.live = builtins.__dict__
-        self.pristine = _copy(self.live)
-        self.program = None
-
-    def to_driver(self, _copy=dict.copy, _clear=dict.clear, _update=dict.update):
-        self.program = _copy(self.live)
-        _clear(self.live)
-        _update(self.live, self.pristine)
-
-    def to_program(self, _clear=dict.clear, _update=dict.update):
-        _clear(self.live)
-        _update(self.live, self.program)
+# ---------------------------------------------------------------------------------------------------------
+# The asserts format: a judge process and a program process (the semantics are judge.py's, the processes here)
+# ---------------------------------------------------------------------------------------------------------
 
 
-def _serve_call(ns, call, names, state):
-    """One call of the asserts format on the program's namespace ``ns``: ``{"v": value}`` (rich data, plus ``"a"``,
-    the ``[args, kwargs]`` after the call when the call changed them), ``{"e": exception class name}`` or
-    ``{"u": type name}`` (a value that cannot cross as data). ``call``: ``name`` (a program name), ``new`` (the
-    ``[args, kwargs]`` of the class instantiation, or None), ``history`` (earlier method calls on that instance,
-    replayed) and ``call`` (``[attribute path, [args, kwargs]]``). Objects of the test's data classes ``names``
-    cross as such (:func:`encode_data`), made of the classes ``ns`` binds to those names. The program's code runs
-    with the builtins as the program left them, the driver's decoding and encoding with the pristine ones
-    (``state``)."""
-    classes = {n: ns[n] for n in names if isinstance(ns.get(n), type)}
-    accepts = (lambda t: t.__name__ in classes) if classes else None
+def _load_judge():
+    """judge.py, beside this file (bound beside it in the sandbox), loaded before any untrusted code exists."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "judge.py")
+    spec = importlib.util.spec_from_file_location("or1_judge", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _judge_sample(job, nonce, code_obj):
+    """Judge an asserts sample (see judge.py). Fork the judge first: it alone reads the tests, from stdin, after
+    which the driver lets go of stdin, so no process it forks later (a program process) can hold them; the judge
+    writes one record per entry itself. Then start a program process each time the judge asks for one (a fresh one
+    after an entry that left the last one mid-call), passing the judge its end of their socket. Returns when the
+    judge has ended; records the judge did not write (it died) are written here as errors."""
+    import socket
+
+    own_pidns = job.get("own_pidns")
+    job = dict(job, own_pidns=False)  # a fork retry must not kill(-1): the judge and the driver share the sandbox
+    judge = _load_judge()
+    for module in judge.prefix_modules(job.get("prefix") or ""):  # shared by both processes' prefixes (faster)
+        try:
+            __import__(module)
+        except BaseException:  # noqa: BLE001 - the prefix's own run reports it
+            pass
+    ctl, ctl_judge = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    judge_pid = _fork(job)
+    if judge_pid == 0:
+        try:
+            ctl.close()
+            _judge_process(job, nonce, ctl_judge, judge)
+        finally:
+            os._exit(1)
+    ctl_judge.close()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # the tests are the judge's alone
+    os.close(devnull)
+    recorded, program = 0, None
     try:
-        new = decode_data(call["new"], classes) if call.get("new") is not None else None
-        history = [(path, decode_data(ak, classes)) for path, ak in call.get("history") or []]
-        path, ak = call["call"]
-        args, kwargs = decode_data(ak, classes)
-    except BaseException:  # noqa: BLE001 - arguments the program's classes refuse to be made of
-        return {"u": "arguments"}
-    state.to_program()
-    try:
-        obj = ns[call["name"]]
-        if new is not None:
-            obj = obj(*new[0], **new[1])
-        for step, (a, k) in [*history, (path, (args, kwargs))]:
-            fn = obj
-            for attr in step:
-                fn = getattr(fn, attr)
-            value = fn(*a, **k)
-    except BaseException as e:  # noqa: BLE001 - the program's exception is data for the test
-        state.to_driver()
-        return {"e": str(type(e).__name__)[:100]}
-    state.to_driver()
-    try:
-        out = {"v": encode_data(value, accepts)}
-    except BaseException:  # noqa: BLE001 - not plain data: the trainer cannot judge it
-        return {"u": str(type(value).__qualname__)[:100]}
-    try:
-        after = encode_data([args, kwargs], accepts)
-        if after != ak:  # only arguments the call changed travel back
-            out["a"] = after
-    except BaseException:  # noqa: BLE001 - arguments that no longer encode are not written back
-        pass
-    return out
+        while True:
+            try:
+                message = ctl.recv(64)
+            except OSError:
+                message = b""
+            if not message:  # the judge has ended
+                break
+            if message == b"P":
+                _end_program(program)
+                program, fd = _start_program(job, nonce, code_obj, judge)
+                socket.send_fds(ctl, [b"P"], [fd])
+                os.close(fd)
+            elif message[:1] == b"R":
+                recorded = int(message[1:]) + 1
+    finally:
+        _end_program(program)
+        try:
+            os.kill(judge_pid, signal.SIGKILL)
+        except OSError:
+            pass
+        os.waitpid(judge_pid, 0)
+        _kill_stragglers(dict(job, own_pidns=own_pidns), None)
+    for i in range(recorded, len(job["tests"])):
+        _emit(nonce, {"i": i, "status": "error", "time": 0.0, "verdict": "error",
+                      "stderr": "the judge process ended before this test was judged (killed by the program?)"})
+
+
+def _start_program(job, nonce, code_obj, judge):
+    """Fork a program process (judge.serve_program on fd 3, its end of a new socket); ``(pid, the judge's end)``."""
+    import socket
+
+    ours, theirs = (s.detach() for s in socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
+    pid = _fork(job)
+    if pid == 0:
+        try:
+            for i in range(len(nonce)):
+                nonce[i] = 0
+            os.close(ours)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            # alive for the whole sample: its CPU limit covers every entry
+            _child_setup(dict(job, timeout=float(job["timeout"]) * len(job["tests"])),
+                         (devnull, devnull, devnull, theirs))
+        except BaseException:  # noqa: BLE001
+            os._exit(121)
+        judge.serve_program(code_obj, job.get("prefix") or "", 3)
+        os._exit(1)  # not reached
+    os.close(theirs)
+    return pid, ours
+
+
+def _end_program(pid):
+    if pid is None:
+        return
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    os.waitpid(pid, 0)
+
+
+def _judge_process(job, nonce, ctl, judge):
+    """The judge (forked before any untrusted code ran; the driver's nonce is its to write records with): read the
+    tests, plan, then judge each entry in an entry process of its own, killed at the entry's deadline. Asks the
+    driver for a program process (``P``, answered with its socket) when it has none, and tells it each record it
+    wrote (``R<i>``). Never returns."""
+    import resource
+    import socket
+
+    _make_non_dumpable()
+    secret = _read_frame(0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    _set_limit(resource.RLIMIT_AS, int(job["memory_bytes"]))
+    plan = judge.Plan(job["code"], job.get("prefix") or "", secret["entries"])
+    del secret
+    fd = None
+    for k in range(len(job["tests"])):
+        if fd is None:
+            ctl.send(b"P")
+            _, fds, _, _ = socket.recv_fds(ctl, 16, 1)
+            if not fds:
+                os._exit(1)
+            fd = fds[0]
+        rec = _judge_one_entry(job, plan, k, fd, ctl, judge)
+        clean = rec.pop("clean", False) is True and rec["status"] == "ok"
+        rec["i"] = k
+        _emit(nonce, rec)
+        ctl.send(b"R%d" % k)
+        if not clean:  # the program process may be mid-call (or gone): the next entry gets a fresh one
+            os.close(fd)
+            fd = None
+    os._exit(0)
+
+
+def _judge_one_entry(job, plan, k, fd, ctl, judge) -> dict:
+    """Entry ``k`` in an entry process (a fork of the judge: the plan, pristine) talking to the program process on
+    ``fd``; its record: the status of the process (``timeout`` at the entry's deadline) and its verdict."""
+    import resource
+
+    err_r, err_w = os.pipe()
+    res_r, res_w = os.pipe()
+    start = time.monotonic()
+    pid = _fork(job)
+    if pid == 0:
+        try:
+            ctl.close()
+            os.setsid()
+            devnull = os.open(os.devnull, os.O_RDWR)
+            _place_fds([devnull, devnull, err_w, res_w, fd])
+            _set_limit(resource.RLIMIT_CPU, int(float(job["timeout"])) + 2)
+            sys.stdout = open(1, "w", closefd=False)
+            sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
+            verdict = judge.judge_entry(plan, k, 4, int(job["max_output"]))
+            view = memoryview(json.dumps(verdict).encode())
+            while view:
+                view = view[os.write(3, view):]
+        except BaseException:  # noqa: BLE001 - the record says "error", with the traceback
+            import traceback
+
+            traceback.print_exc()
+            os._exit(1)
+        os._exit(0)
+    for own in (err_w, res_w):
+        os.close(own)
+    status, exited, wstatus, bufs, pidfd = _watch_child(pid, start + float(job["timeout"]), res_r, err_r,
+                                                        int(job["max_output"]))
+    elapsed = time.monotonic() - start
+    wstatus = _end_child(dict(job, own_pidns=False), pid, exited, wstatus)  # never kill(-1) here: the driver lives
+    for own in (res_r, err_r, pidfd):
+        if own is not None:
+            os.close(own)
+    rec = _test_record("assert", status, wstatus, elapsed, bytes(bufs[res_r]), bytes(bufs[err_r]))
+    if "why" in rec:
+        rec["stderr"] = str(rec.pop("why"))
+    return rec
+
+
+def _place_fds(fds):
+    """Make ``fds[i]`` this process's fd ``i`` and close every other (sources first moved above any target)."""
+    import fcntl
+
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in fds]
+    for target, fd in enumerate(high):
+        os.dup2(fd, target)
+    os.closerange(len(fds), 1 << 16)
 
 
 def _finish_threads():

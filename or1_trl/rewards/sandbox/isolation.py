@@ -238,7 +238,8 @@ class Isolation:
                     cmd += ["--perms", "0755", "--dir", anc]
                     made.add(anc)
             cmd += ["--ro-bind", p, p]
-        cmd += ["--perms", "0755", "--dir", "/.or1_sandbox", "--ro-bind", self.driver_path, driver_in]
+        cmd += ["--perms", "0755", "--dir", "/.or1_sandbox", "--ro-bind", self.driver_path, driver_in,
+                "--ro-bind", os.path.join(os.path.dirname(self.driver_path), "judge.py"), "/.or1_sandbox/judge.py"]
         # The new root is a tmpfs with no size cap, owned by the sandbox user when the trainer is unprivileged:
         # make it read-only, so the capped /tmp is the only writable place.
         cmd += ["--remount-ro", "/"]
