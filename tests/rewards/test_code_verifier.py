@@ -1,7 +1,8 @@
 """The code reward's verdict cannot be influenced by the program (issue 32, point 1).
 
 Asserts format: the test code runs in the sandbox's judge on pristine builtins and modules; only calls of the
-program's names cross to the program's process, and only data comes back (:mod:`or1_trl.rewards.sandbox.judge`). A generated family of attacks — every builtin name and every
+program's names cross to the program's process, and only data comes back (:mod:`or1_trl.rewards.sandbox.judge`). A
+generated family of attacks — every builtin name and every
 public attribute of `math`, `operator` and `functools` that an assert could name, rebound by the program — must
 all score 0 against a wrong solution (they scored 1 with the previous verifier, which ran the assert's operands in
 the program's namespace), and honest solutions in the same shapes must all score 1. The stdin/stdout and

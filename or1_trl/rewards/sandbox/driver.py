@@ -2,11 +2,16 @@
 
 Standard library only: nothing of ``or1_trl`` exists inside the sandbox (a test checks that this file imports
 nothing else). Trusted code, but it shares the sandbox with the untrusted children, so nothing it holds (test
-inputs, the driver's own state) is secret except the nonce.
+inputs, the driver's own state) is secret except the nonce; the asserts format's tests never pass through it.
 
-Protocol (see :mod:`or1_trl.rewards.sandbox`): stdin carries the nonce (``NONCE_LEN`` hex characters) then the
-job as JSON; stdout carries nonce-tagged JSON records, one per line: ``ready`` (or ``compile_error``), one per
-test after its child has exited (or ``sandbox_error`` if the driver itself could not run it), then ``done``.
+Protocol (see :mod:`or1_trl.rewards.sandbox`): stdin carries the nonce (``NONCE_LEN`` hex characters), then the
+job as one frame (its length in 16 hex digits, then its JSON), then, for the asserts format only, a second frame
+with the tests, which the judge reads (the driver reads no byte of it); stdout carries nonce-tagged JSON records,
+one per line: ``ready`` (or ``compile_error``), one per test after its child has exited (or ``sandbox_error`` if the
+driver itself could not run it), then ``done``.
+
+The asserts format's processes — the judge, its entry processes, the program process — are forked here
+(:func:`_judge_sample`); what they run is ``judge.py``, beside this file.
 
 The strict encoder of return values also lives here, because the child runs it; the trainer imports
 :func:`encode_value`/:func:`decode_value` (and :func:`encode_data`/:func:`decode_data`, the asserts format's,

@@ -183,7 +183,8 @@ def test_honest_suites_score_one_and_their_wrong_twins_zero():
         (block(NEXT_ID), {"asserts": ["assert next_id() == 1", "assert next_id() == 2"]}),  # state across entries
         (off, {"asserts": [CHECK_40 + "check(add)"]}),
         (block("def add(x, y):\n    return x + y + (x == 999)"), {"asserts": [HUMANEVAL_53.replace(
-            "for i in range(100)", "for x in range(1000):\n        assert candidate(x, 0) == x\n    for i in range(1)")]}),
+            "for i in range(100)",  # every x once: the wrong one is met
+            "for x in range(1001):\n        assert candidate(x, 0) == x\n    for i in range(1)")]}),
         (block("def next_id():\n    return 1"), {"asserts": ["assert next_id() == 1", "assert next_id() == 2"]}),
     ]
     out, statuses = run_watched(reward, [c for c, _ in samples], [t for _, t in samples])
