@@ -14,8 +14,9 @@ The asserts format's processes — the judge, its entry processes, the program p
 (:func:`_judge_sample`); what they run is ``judge.py``, beside this file.
 
 The strict encoder of return values also lives here, because the child runs it; the trainer imports
-:func:`encode_value`/:func:`decode_value` (and :func:`encode_data`/:func:`decode_data`, the asserts format's,
-which add the import prefix's objects) from this file (the only import between the two sides, and only that way).
+:func:`encode_value`/:func:`decode_value` from this file (the only import between the two sides, and only that
+way), ``judge.py`` :func:`encode_data`/:func:`decode_data` (the asserts format's, which add the import prefix's
+objects).
 """
 
 from __future__ import annotations

@@ -19,6 +19,11 @@ standard library only, like the driver. An asserts sample is three kinds of proc
   ``pass``, ``wrong``, ``unjudgeable``, ``error`` (the program failed to load), ``no_result`` (its process ended
   without answering), ``output_limit``, ``memory_limit`` or ``bad_tests``.
 
+The judge and the program process run as the same sandbox uid (bwrap maps one uid into the sample's user namespace;
+a root trainer gives each sample one uid slot): the judge is out of the program's reach because it is not dumpable
+(no ptrace, no ``/proc/<judge>/mem`` or ``fd``), holds nothing the program can open, and takes only data from it.
+The program can still signal the judge: that ends the sample as a failure, never as a pass.
+
 What this guarantees (the program is optimised to find any way to pass):
 
 * nothing of the program's reaches the trainer: the driver writes one fixed-format record per entry (its status and
@@ -399,7 +404,10 @@ class _Session:
         except _Ended as e:
             self.ended = e
             raise
-        except OSError:
+        except MemoryError:  # mid-frame: the socket cannot serve another request
+            self.ended = _Ended("memory_limit", "the judge ran out of memory reading the program's result")
+            raise self.ended from None
+        except BaseException:  # noqa: BLE001 - OSError: the program's process is gone
             self.ended = _Ended("no_result", "the program's process ended without answering")
             raise self.ended from None
         if "fail" in reply:

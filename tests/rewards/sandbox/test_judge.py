@@ -275,3 +275,95 @@ def test_the_plan_runs_the_prefix_afresh():
     a.prefix_ns["NUMS"][:] = [0]
     assert b.prefix_ns["NUMS"] == [1, 2, 3] and a.program == {"f": "def"}
     assert Plan("x", "raise ValueError('bad prefix')", []).error.startswith("the import prefix failed")
+
+
+#: A program that looks for the test's expected value everywhere it can read while the judge runs: its own memory
+#: (a fork of the driver), every process's memory, fds, command line and environment, its stdin and /tmp.
+SNOOP = r'''
+import os, re
+
+PATTERN = re.compile(rb"SECRET_TAG_(\d+)")
+
+
+def _found(data):
+    m = PATTERN.search(data)
+    return int(m.group(1)) if m else None
+
+
+def _read(path, limit=1 << 22):
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, limit)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def _memory(pid):
+    """Every readable mapping of ``pid``: its own through ctypes (a non-dumpable process cannot open its own
+    /proc/self/mem), another's through /proc/<pid>/mem."""
+    import ctypes
+
+    out = []
+    try:
+        maps = open(f"/proc/{pid}/maps").read().splitlines()
+        mem = None if pid == str(os.getpid()) else open(f"/proc/{pid}/mem", "rb", 0)
+    except OSError:
+        return out
+    for line in maps:
+        fields = line.split()
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        named = fields[-1] if len(fields) > 5 else ""
+        if "r" not in fields[1] or hi - lo > 1 << 28 or named not in ("", "[heap]", "[stack]"):
+            continue  # the heap and anonymous memory (files mapped past their end fault when read)
+        try:
+            if mem is None:
+                out.append(ctypes.string_at(lo, hi - lo))
+            else:
+                mem.seek(lo)
+                out.append(mem.read(hi - lo))
+        except (OSError, ValueError, OverflowError):
+            pass
+    return out
+
+
+def snoop():
+    seen = [_read("/dev/stdin"), _read("/proc/self/fd/0")]
+    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+        seen += _memory(pid)
+        for name in ("cmdline", "environ"):
+            seen.append(_read(f"/proc/{pid}/{name}"))
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            fds = []
+        seen += [_read(f"/proc/{pid}/fd/{fd}") for fd in fds]
+    for root, _, files in os.walk("/tmp"):
+        seen += [_read(os.path.join(root, f)) for f in files]
+    for data in seen:
+        value = _found(data)
+        if value is not None:
+            return value
+    return 0
+
+
+AT_LOAD = snoop()
+
+
+def leak():
+    return AT_LOAD or snoop()
+'''
+
+
+def test_the_program_never_sees_the_tests():
+    # The test's text (and its expected value) lives in the judge alone: a program reading every memory, fd and file
+    # it can reach, at load and while the judge waits on its call, finds nothing. Its twin test (the tag in the
+    # prefix, which the program runs) shows the scan does find what is readable.
+    hidden = {"asserts": ["# SECRET_TAG_31337271828\nassert leak() == 31337271828"] * 2}
+    visible = {"asserts": ["assert leak() == 31337271828"], "import_prefix": "TAG = b'SECRET_TAG_31337271828'\n"}
+    out, statuses = run_watched(partial, [block(SNOOP)] * 2, [hidden, visible])
+    assert out == [0.0, 1.0], statuses
