@@ -665,10 +665,10 @@ def _load_judge():
 def _judge_sample(job, nonce, code_obj):
     """Judge an asserts sample (see judge.py). Fork the judge first: it alone reads the tests, from stdin, after
     which the driver lets go of stdin, so no process it forks later (a program process) can hold them; the judge
-    writes one record per entry itself. Then start a program process each time the judge asks for one (a fresh one
-    after an entry that left the last one mid-call), passing the judge its end of their socket. Returns when the
+    writes one record per entry itself. Start a program process at once, and a fresh one each time the judge asks
+    (after an entry that left the last one mid-call), passing the judge its end of their socket. Returns when the
     judge has ended; records the judge did not write (it died) are written here as errors."""
-    import socket
+    import _socket
 
     own_pidns = job.get("own_pidns")
     job = dict(job, own_pidns=False)  # a fork retry must not kill(-1): the judge and the driver share the sandbox
@@ -678,34 +678,33 @@ def _judge_sample(job, nonce, code_obj):
             __import__(module)
         except BaseException:  # noqa: BLE001 - the prefix's own run reports it
             pass
-    ctl, ctl_judge = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ctl, ctl_judge = _socketpair(_socket.SOCK_SEQPACKET)
     judge_pid = _fork(job)
     if judge_pid == 0:
         try:
-            ctl.close()
+            os.close(ctl)
             _judge_process(job, nonce, ctl_judge, judge)
         finally:
             os._exit(1)
-    ctl_judge.close()
+    os.close(ctl_judge)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)  # the tests are the judge's alone
     os.close(devnull)
     recorded, program = 0, None
     try:
-        while True:
-            try:
-                message = ctl.recv(64)
-            except OSError:
-                message = b""
-            if not message:  # the judge has ended
-                break
+        message = b"P"  # the first program process starts now, beside the judge's own start
+        while message:
             if message == b"P":
                 _end_program(program)
                 program, fd = _start_program(job, nonce, code_obj, judge)
-                socket.send_fds(ctl, [b"P"], [fd])
+                _send_fd(ctl, fd)
                 os.close(fd)
             elif message[:1] == b"R":
                 recorded = int(message[1:]) + 1
+            try:
+                message = os.read(ctl, 64)
+            except OSError:
+                message = b""  # the judge has ended
     finally:
         _end_program(program)
         try:
@@ -719,11 +718,47 @@ def _judge_sample(job, nonce, code_obj):
                       "stderr": "the judge process ended before this test was judged (killed by the program?)"})
 
 
+def _socketpair(kind) -> tuple[int, int]:
+    """A connected pair of Unix sockets, as plain fds (``_socket``: ``socket`` costs its enums at import)."""
+    import _socket
+
+    a, b = _socket.socketpair(_socket.AF_UNIX, kind)
+    return a.detach(), b.detach()
+
+
+def _send_fd(sock: int, fd: int):
+    """Pass ``fd`` over the Unix socket ``sock`` (SCM_RIGHTS), with the message ``P``."""
+    import _socket
+    import array
+
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, sock)
+    try:
+        s.sendmsg([b"P"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", [fd]))])
+    finally:
+        s.detach()
+
+
+def _receive_fd(sock: int) -> int | None:
+    """The fd passed by :func:`_send_fd` on ``sock`` (None if the peer is gone)."""
+    import _socket
+    import array
+
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, sock)
+    try:
+        _, ancillary, _, _ = s.recvmsg(16, _socket.CMSG_SPACE(array.array("i").itemsize))
+    finally:
+        s.detach()
+    for level, kind, data in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            return array.array("i", data[: array.array("i").itemsize])[0]
+    return None
+
+
 def _start_program(job, nonce, code_obj, judge):
     """Fork a program process (judge.serve_program on fd 3, its end of a new socket); ``(pid, the judge's end)``."""
-    import socket
+    import _socket
 
-    ours, theirs = (s.detach() for s in socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
+    ours, theirs = _socketpair(_socket.SOCK_STREAM)
     pid = _fork(job)
     if pid == 0:
         try:
@@ -755,11 +790,10 @@ def _end_program(pid):
 
 def _judge_process(job, nonce, ctl, judge):
     """The judge (forked before any untrusted code ran; the driver's nonce is its to write records with): read the
-    tests, plan, then judge each entry in an entry process of its own, killed at the entry's deadline. Asks the
-    driver for a program process (``P``, answered with its socket) when it has none, and tells it each record it
-    wrote (``R<i>``). Never returns."""
+    tests, plan, then judge each entry in an entry process of its own, killed at the entry's deadline. Its program
+    process's socket comes from the driver on ``ctl`` (the first unasked; another after ``P``, when an entry left
+    the last one mid-call); it tells the driver each record it wrote (``R<i>``). Never returns."""
     import resource
-    import socket
 
     _make_non_dumpable()
     secret = _read_frame(0)
@@ -772,16 +806,16 @@ def _judge_process(job, nonce, ctl, judge):
     fd = None
     for k in range(len(job["tests"])):
         if fd is None:
-            ctl.send(b"P")
-            _, fds, _, _ = socket.recv_fds(ctl, 16, 1)
-            if not fds:
+            if k:  # the driver started the first one unasked
+                os.write(ctl, b"P")
+            fd = _receive_fd(ctl)
+            if fd is None:
                 os._exit(1)
-            fd = fds[0]
         rec = _judge_one_entry(job, plan, k, fd, ctl, judge)
         clean = rec.pop("clean", False) is True and rec["status"] == "ok"
         rec["i"] = k
         _emit(nonce, rec)
-        ctl.send(b"R%d" % k)
+        os.write(ctl, b"R%d" % k)
         if not clean:  # the program process may be mid-call (or gone): the next entry gets a fresh one
             os.close(fd)
             fd = None
@@ -799,7 +833,7 @@ def _judge_one_entry(job, plan, k, fd, ctl, judge) -> dict:
     pid = _fork(job)
     if pid == 0:
         try:
-            ctl.close()
+            os.close(ctl)
             os.setsid()
             devnull = os.open(os.devnull, os.O_RDWR)
             _place_fds([devnull, devnull, err_w, res_w, fd])

@@ -28,15 +28,16 @@ partial = CodeReward(timeout_per_test=TIMEOUT, total_timeout=30.0, memory_mb=256
 
 
 @pytest.fixture(scope="module", autouse=True)
-def isolated(sandbox_missing):
+def bwrap(sandbox_missing):
+    """Both rewards' sandbox, probed once: bwrap, or the module skips (fails under OR1_REQUIRE_SANDBOX=1)."""
     try:
-        return reward.sandbox
+        return reward.sandbox, partial.sandbox
     except SandboxUnavailable as e:
         sandbox_missing(str(e))
 
 
-def block(code: str) -> str:
-    return f"```python\n{code}\n```"
+def block(program: str) -> str:
+    return "```python\n" + program + "\n```"
 
 
 class Watched:
