@@ -57,14 +57,13 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 import os
 import re
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 from .math import completion_text
-from .sandbox import Sandbox, SandboxError, decode_value, encode_value
+from .sandbox import Sandbox, SandboxError, encode_value
 from .sandbox.judge import VERDICTS
 
 __all__ = ["CodeReward", "code_reward", "extract_code", "DEFAULT_IMPORT_PREFIX"]
@@ -91,7 +90,7 @@ def extract_code(completion) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Output comparison (in the trainer, on data)
+# Output comparison: the stdin/stdout format's text (in the trainer); the judged formats' verdicts
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -102,24 +101,8 @@ def _normalise_stdout(text: str) -> list[str]:
     return lines
 
 
-def _data_equal(actual, expected) -> bool:
-    """The function-call format's comparison, on data: tuples equal lists, bools only bools; a float expectation
-    matches within a relative 1e-6 (absolute 1e-9), an integer one exactly (``10000000`` is not ``10000001.0``)."""
-    if isinstance(actual, bool) or isinstance(expected, bool):
-        return type(actual) is type(expected) and actual == expected
-    if isinstance(actual, (int, float)) and isinstance(expected, (int, float)):
-        if isinstance(expected, float):
-            return math.isclose(actual, expected, rel_tol=1e-6, abs_tol=1e-9)
-        return actual == expected
-    if isinstance(actual, (list, tuple)) and isinstance(expected, (list, tuple)):
-        return len(actual) == len(expected) and all(_data_equal(x, y) for x, y in zip(actual, expected))
-    if isinstance(actual, dict) and isinstance(expected, dict):
-        return actual.keys() == expected.keys() and all(_data_equal(actual[k], expected[k]) for k in actual)
-    return type(actual) is type(expected) and actual == expected
-
-
 def _judged_pass(rec: dict) -> bool:
-    """An asserts entry's record: the judge's verdict (the sandbox's judge ran the test, see the module docstring)."""
+    """A judged test's record (asserts, function call): the judge's verdict (see the module docstring)."""
     return rec.get("verdict") == "pass"
 
 
@@ -232,28 +215,27 @@ class CodeReward:
         inputs, outputs = spec["inputs"], spec["outputs"]
         if len(inputs) != len(outputs) or not inputs:
             return _Prepared(status="bad_tests", reason="inputs/outputs mismatch or empty")
-        tests, checks = [], []
+        fn_name, entries = str(spec["fn_name"]), []
         for inp, out in zip(inputs, outputs):
             if isinstance(inp, str):  # LiveCodeBench: newline-separated JSON arguments, JSON output
                 args = [json.loads(line) for line in inp.split("\n") if line.strip()]
                 out = json.loads(out) if isinstance(out, str) else out
             else:
                 args = _as_list(inp)
-            tests.append({"args": encode_value(list(args))})
-            checks.append(lambda rec, expected=out: "value" in rec and _data_equal(decode_value(rec["value"]),
-                                                                                      expected))
-        prefix = self.import_prefix + "\n" + (spec.get("import_prefix") or "")
-        return _Prepared({"kind": "call", "code": code, "fn_name": str(spec["fn_name"]), "tests": tests,
-                          "prefix": prefix}, checks)
+            entries.append({"call": fn_name, "args": encode_value(list(args)), "expected": encode_value(out)})
+        return self._judged(code, spec, entries)
 
     def _prepare_asserts(self, code, spec) -> _Prepared:
-        """The asserts format: the entries travel as the job's ``secret``, for the sandbox's judge alone
-        (:mod:`~or1_trl.rewards.sandbox.judge`); each comes back as a record with its verdict."""
         entries = [str(e) for e in _as_list(spec["asserts"])]
         if not entries:
             return _Prepared(status="bad_tests", reason="no asserts")
+        return self._judged(code, spec, entries)
+
+    def _judged(self, code, spec, entries: list) -> _Prepared:
+        """A judged job (asserts, function call): the entries travel as the job's ``secret``, for the sandbox's judge
+        alone (:mod:`~or1_trl.rewards.sandbox.judge`); each comes back as a record with its verdict."""
         prefix = self.import_prefix + "\n" + (spec.get("import_prefix") or "")
-        job = {"kind": "assert", "code": code, "prefix": prefix, "tests": [{} for _ in entries],
+        job = {"kind": "judge", "code": code, "prefix": prefix, "tests": [{} for _ in entries],
                "secret": {"entries": entries}}
         return _Prepared(job, [_judged_pass] * len(entries))
 

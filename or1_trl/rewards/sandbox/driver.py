@@ -2,21 +2,23 @@
 
 Standard library only: nothing of ``or1_trl`` exists inside the sandbox (a test checks that this file imports
 nothing else). Trusted code, but it shares the sandbox with the untrusted children, so nothing it holds (test
-inputs, the driver's own state) is secret except the nonce; the asserts format's tests never pass through it.
+inputs, the driver's own state) is secret except the nonce; the judged formats' tests (asserts, function call)
+never pass through it.
 
 Protocol (see :mod:`or1_trl.rewards.sandbox`): stdin carries the nonce (``NONCE_LEN`` hex characters), then the
-job as one frame (its length in 16 hex digits, then its JSON), then, for the asserts format only, a second frame
-with the tests, which the judge reads (the driver reads no byte of it); stdout carries nonce-tagged JSON records,
-one per line: ``ready`` (or ``compile_error``), one per test after its child has exited (or ``sandbox_error`` if the
-driver itself could not run it), then ``done``.
+job as one frame (its length in 16 hex digits, then its JSON), then, for a judged job (kind ``judge``: the asserts
+and function-call formats) only, a second frame with the tests, which the judge reads (the driver reads no byte of
+it); stdout carries nonce-tagged JSON records, one per line: ``ready`` (or ``compile_error``), one per test after
+its child has exited (or ``sandbox_error`` if the driver itself could not run it), then ``done``.
 
-The asserts format's processes — the judge, its entry processes, the program process — are forked here
-(:func:`_judge_sample`); what they run is ``judge.py``, beside this file.
+A stdin/stdout test runs in a child forked here (:func:`_run_one_test`); a judged job's processes — the judge, its
+entry processes, the program process — are forked here too (:func:`_judge_sample`), what they run is ``judge.py``,
+beside this file.
 
-The strict encoder of return values also lives here, because the child runs it; the trainer imports
-:func:`encode_value`/:func:`decode_value` from this file (the only import between the two sides, and only that
-way), ``judge.py`` :func:`encode_data`/:func:`decode_data` (the asserts format's, which add the import prefix's
-objects).
+The strict encoder of data also lives here: the program process and the judge run it (``judge.py`` imports
+:func:`encode_data`/:func:`decode_data`, which add the import prefix's objects, and :func:`decode_value`); the
+trainer imports :func:`encode_value` from this file to encode a function-call test's arguments and expected value
+(the only import between the two sides, and only that way).
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ _STDERR_KEEP = 4096
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Strict data encoding (used by the child to serialise return values, by the trainer to decode them).
+# Strict data encoding (used by the program process to serialise return values, by the judge to decode them).
 # Only exact builtin types are accepted: a subclass of int/list/... or any custom object (e.g. one whose
-# __eq__ always returns True) is refused, so the comparison in the trainer is a comparison of plain data.
+# __eq__ always returns True) is refused, so the judge's comparison is a comparison of plain data.
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -51,7 +53,7 @@ def encode_value(value, _depth: int = 0, _type=type, rich: bool = False):
     ``rich=True`` (the asserts format) also takes what test code commonly consumes from a function: iterators
     (generators, ``map``, ``zip``...; materialised, at most ``_ITER_MAX`` items), ``range``, dict views and the
     ``collections`` containers ``Counter``, ``OrderedDict``, ``defaultdict`` (its factory is dropped) and ``deque``.
-    Whatever the child sends is only data: the trainer's :func:`decode_value` rebuilds pristine objects from it.
+    Whatever the program sends is only data: the judge's :func:`decode_value` rebuilds pristine objects from it.
     """
     if _depth > 200:
         raise UnserialisableValue("value nested too deeply")
@@ -108,8 +110,8 @@ def _encode_rich(value, t, d, rich):
 
 
 def decode_value(data, rich: bool = False):
-    """Inverse of :func:`encode_value` (run in the trainer, on data only): exact builtin (or, with ``rich``, the
-    trainer's own ``collections``) types, never an object of the program's."""
+    """Inverse of :func:`encode_value` (run in the judge, on data only): exact builtin (or, with ``rich``, the
+    judge's own ``collections``) types, never an object of the program's."""
     if data is None or isinstance(data, (bool, str, int)):
         return data
     if isinstance(data, list):
@@ -200,7 +202,7 @@ def encode_data(value, accepts=None):
 
 def decode_data(data, classes=None):
     """Inverse of :func:`encode_data`: objects are made of ``classes[name]`` (the receiver's own class: in the
-    trainer, the prefix's pristine one) with their decoded fields as instance attributes, nothing else."""
+    judge, the prefix's pristine one) with their decoded fields as instance attributes, nothing else."""
     if classes and isinstance(data, dict) and len(data) == 1 and "g" in data:
         top, nodes = data["g"]
         objs = [object.__new__(classes[name]) for name, _ in nodes]
@@ -256,7 +258,7 @@ def _read_exact_into(fd, buf: bytearray):
 
 def _read_frame(fd: int) -> dict:
     """One frame of stdin: its length (16 hex digits), then that many bytes of JSON. Reads no byte beyond it: what
-    follows (the asserts format's tests) is left for the judge."""
+    follows (a judged job's tests) is left for the judge."""
     size = bytearray(16)
     _read_exact_into(fd, size)
     data = bytearray(int(size.decode("ascii"), 16))
@@ -306,7 +308,7 @@ def main():
     # The sandbox and the driver work. Until this record, no untrusted code has run: a failure before it is the
     # sandbox's (status "sandbox_error"), a failure after it may be the program's.
     _emit(nonce, {"ready": len(job["tests"])})
-    if job["kind"] == "assert":
+    if job["kind"] == "judge":
         try:
             _judge_sample(job, nonce, code_obj)
         except (OSError, MemoryError) as e:  # the driver's own fork / socket failed: it could not judge the sample
@@ -332,48 +334,38 @@ def main():
 
 
 def _run_one_test(job, test, nonce, code_obj):
-    kind = job["kind"]
-    in_fd, (out_r, out_w), (err_r, err_w), (res_r, res_w) = _test_fds(kind, test)
+    in_fd, (out_r, out_w), (err_r, err_w) = _test_fds(test)
     start = time.monotonic()
-    pid = _start_child(job, test, nonce, code_obj, (in_fd, out_w, err_w, res_w), (err_r, out_r, res_r))
-    for fd in (in_fd, out_w, err_w, res_w):
-        if fd is not None:
-            os.close(fd)
-    main_fd = out_r if kind == "stdio" else res_r
-    status, exited, wstatus, bufs, pidfd = _watch_child(pid, start + float(job["timeout"]), main_fd, err_r,
+    pid = _start_child(job, nonce, code_obj, (in_fd, out_w, err_w, None), (err_r, out_r))
+    for fd in (in_fd, out_w, err_w):
+        os.close(fd)
+    status, exited, wstatus, bufs, pidfd = _watch_child(pid, start + float(job["timeout"]), out_r, err_r,
                                                         int(job["max_output"]))
     elapsed = time.monotonic() - start
     wstatus = _end_child(job, pid, exited, wstatus)
-    for fd in (out_r, err_r, res_r, pidfd):
+    for fd in (out_r, err_r, pidfd):
         if fd is not None:
             try:
                 os.close(fd)
             except OSError:
                 pass
-    return _test_record(kind, status, wstatus, elapsed, bytes(bufs[main_fd]), bytes(bufs[err_r]))
+    return _test_record("stdio", status, wstatus, elapsed, bytes(bufs[out_r]), bytes(bufs[err_r]))
 
 
-def _test_fds(kind, test):
-    """The child's stdin (a memfd holding the test's input), and the pipes ``(read, write)`` of its stdout (stdio
-    tests), stderr and result channel (call and assert tests; their stdout goes to /dev/null)."""
-    stdin_data = test.get("stdin", "").encode() if kind == "stdio" else b""
+def _test_fds(test):
+    """A stdin/stdout test's fds: the child's stdin (a memfd holding the test's input), and the pipes
+    ``(read, write)`` of its stdout and stderr."""
+    stdin_data = test.get("stdin", "").encode()
     in_fd = os.memfd_create("stdin", 0) if hasattr(os, "memfd_create") else os.open(os.devnull, os.O_RDONLY)
     if stdin_data:
         view = memoryview(stdin_data)
         while view:
             view = view[os.write(in_fd, view):]
         os.lseek(in_fd, 0, os.SEEK_SET)
-    err = os.pipe()
-    if kind == "stdio":
-        out = os.pipe()
-        res = (None, None)
-    else:
-        out = (None, os.open(os.devnull, os.O_WRONLY))
-        res = os.pipe()
-    return in_fd, out, err, res
+    return in_fd, os.pipe(), os.pipe()
 
 
-def _start_child(job, test, nonce, code_obj, child_fds, parent_fds) -> int:
+def _start_child(job, nonce, code_obj, child_fds, parent_fds) -> int:
     """Fork the test's child (which closes the parent's ends ``parent_fds`` and runs the test); its pid."""
     pid = _fork(job)
     if pid == 0:  # child
@@ -383,7 +375,7 @@ def _start_child(job, test, nonce, code_obj, child_fds, parent_fds) -> int:
                     os.close(fd)
         except BaseException:
             os._exit(121)
-        _child_run(job, test, nonce, child_fds, code_obj)
+        _child_run(job, nonce, child_fds, code_obj)
         os._exit(121)  # not reached
     return pid
 
@@ -547,30 +539,17 @@ def _test_record(kind, status, wstatus, elapsed, main: bytes, err: bytes) -> dic
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _child_run(job, test, nonce: bytearray, fds, code_obj):
-    """In the forked child: drop the nonce, wire the fds, apply limits, run one test. Never returns."""
+def _child_run(job, nonce: bytearray, fds, code_obj):
+    """In the forked child: drop the nonce, wire the fds, apply limits, run one stdin/stdout test. Never returns."""
     for i in range(len(nonce)):
         nonce[i] = 0
     del nonce
     try:
         _child_setup(job, fds)
-        kind = job["kind"]
         real_stdout, real_os_exit = sys.stdout, os._exit
     except BaseException:
         os._exit(121)
-    if kind == "stdio":
-        _child_stdio(code_obj, real_stdout, real_os_exit)
-    # "call": run prefix + solution as a module named "solution", then call the function.
-    payload = _child_call(job, test, code_obj, real_os_exit)
-    try:
-        data = payload.encode()
-        view = memoryview(data)
-        while view:
-            n = os.write(3, view)
-            view = view[n:]
-    except BaseException:
-        real_os_exit(1)
-    real_os_exit(0)
+    _child_stdio(code_obj, real_stdout, real_os_exit)
 
 
 def _child_setup(job, fds):
@@ -618,36 +597,8 @@ def _child_stdio(code_obj, real_stdout, real_os_exit):
     real_os_exit(code & 0xFF)
 
 
-def _child_call(job, test, code_obj, real_os_exit) -> str:
-    """A function-call test: the JSON payload of the encoded return value; exits with status 1 if the program (or its
-    function) raises."""
-    enc = encode_value
-    dumps = json.dumps
-    try:
-        ns = {"__name__": "solution", "__builtins__": __builtins__}
-        if job.get("prefix"):
-            exec(compile(job["prefix"], "<import_prefix>", "exec"), ns)
-        exec(code_obj, ns)
-        fn_name = job["fn_name"]
-        sol = ns.get("Solution")
-        if isinstance(sol, type) and hasattr(sol, fn_name):
-            fn = getattr(sol(), fn_name)
-        else:
-            fn = ns[fn_name]
-        args = decode_value(test["args"])
-        result = fn(*args)
-        payload = dumps({"value": enc(result)})
-    except BaseException as e:  # noqa: BLE001
-        try:
-            os.write(2, f"{type(e).__name__}: {e}\n".encode()[:2000])
-        except BaseException:
-            pass
-        real_os_exit(1)
-    return payload
-
-
 # ---------------------------------------------------------------------------------------------------------
-# The asserts format: a judge process and a program process (the semantics are judge.py's, the processes here)
+# The judged formats: a judge process and a program process (the semantics are judge.py's, the processes here)
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -663,7 +614,7 @@ def _load_judge():
 
 
 def _judge_sample(job, nonce, code_obj):
-    """Judge an asserts sample (see judge.py). Fork the judge first: it alone reads the tests, from stdin, after
+    """Judge a sample of the asserts or function-call format (see judge.py). Fork the judge first: it alone reads the tests, from stdin, after
     which the driver lets go of stdin, so no process it forks later (a program process) can hold them; the judge
     writes one record per entry itself. Start a program process at once, and a fresh one each time the judge asks
     (after an entry that left the last one mid-call), passing the judge its end of their socket. Returns when the
@@ -859,7 +810,7 @@ def _judge_one_entry(job, plan, k, fd, ctl, judge) -> dict:
     for own in (res_r, err_r, pidfd):
         if own is not None:
             os.close(own)
-    rec = _test_record("assert", status, wstatus, elapsed, bytes(bufs[res_r]), bytes(bufs[err_r]))
+    rec = _test_record("judge", status, wstatus, elapsed, bytes(bufs[res_r]), bytes(bufs[err_r]))
     if "why" in rec:
         rec["stderr"] = str(rec.pop("why"))
     return rec

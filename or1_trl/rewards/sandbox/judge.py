@@ -58,15 +58,16 @@ from __future__ import annotations
 import ast
 import builtins
 import json
+import math
 import os
 import sys
 
 if __package__:  # imported from the package (the trainer's tests and docs)
-    from .driver import UnserialisableValue, decode_data, encode_data
+    from .driver import UnserialisableValue, decode_data, decode_value, encode_data
 else:  # loaded by the driver inside the sandbox, where the driver is ``__main__`` and no package exists
-    from __main__ import UnserialisableValue, decode_data, encode_data
+    from __main__ import UnserialisableValue, decode_data, decode_value, encode_data
 
-__all__ = ["ProgramError", "Plan", "VERDICTS", "judge_entry", "prefix_modules", "serve_program"]
+__all__ = ["ProgramError", "Plan", "VERDICTS", "data_equal", "judge_entry", "prefix_modules", "serve_program"]
 
 #: The verdicts an entry process reports (its record's ``verdict``).
 VERDICTS = ("pass", "wrong", "unjudgeable", "error", "no_result", "output_limit", "memory_limit", "bad_tests")
@@ -218,15 +219,22 @@ def _serve_call(ns, request, names, state, objects):
     classes = {n: ns[n] for n in names if isinstance(ns.get(n), type)}
     accepts = (lambda t: t.__name__ in classes) if classes else None
     encoded = request.get("args")
+    function = request.get("op") == "fn"
     try:
         args, kwargs = decode_data(encoded, classes)
         handle = request.get("h")
-        target = objects[handle] if type(handle) is int and 0 <= handle < len(objects) else ns[request["name"]]
+        name = str(request["name"])
+        if type(handle) is int and 0 <= handle < len(objects):
+            target = objects[handle]
+        else:
+            target = None if function else ns[name]
         path = [str(p) for p in request.get("path") or ()]
     except BaseException:  # noqa: BLE001 - arguments the program's classes refuse to be made of
         return {"u": "arguments"}
     state.to_program()
     try:
+        if function:
+            target = _function(ns, name)
         for attr in path:
             target = getattr(target, attr)
         value = target(*args, **kwargs)
@@ -250,6 +258,15 @@ def _serve_call(ns, request, names, state, objects):
     return out
 
 
+def _function(ns: dict, name: str):
+    """The function-call format's function (op ``fn``): LeetCode's ``Solution().name`` (a fresh instance per call)
+    when the program defines a class ``Solution`` with that attribute, else the program's ``name``."""
+    solution = ns.get("Solution")
+    if isinstance(solution, type) and hasattr(solution, name):
+        return getattr(solution(), name)
+    return ns[name]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The judge: the plan (prefix, program names, entries), then one entry per process
 # ---------------------------------------------------------------------------------------------------------
@@ -261,7 +278,7 @@ class Plan:
     its syntax tree; nothing of it runs here) and the entries' sources. ``error``: why nothing can be judged."""
 
     def __init__(self, code: str, prefix: str, entries: list):
-        self.entries = [str(e) for e in entries]
+        self.entries = [e if isinstance(e, dict) else str(e) for e in entries]
         self.error = None
         self.prefix_tree, self.prefix_ns, self.classes = ast.Module([], []), {}, {}
         self.program, self.imports = {}, []
@@ -287,6 +304,8 @@ def judge_entry(plan: Plan, k: int, fd: int, cap: int) -> dict:
     if plan.error:
         return {"verdict": "bad_tests", "why": plan.error, "clean": True}
     sess = _Session(fd, cap, plan.classes)
+    if isinstance(plan.entries[k], dict):
+        return _judge_call(plan.entries[k], sess)
     try:
         entry = _plan_entry(plan.entries[k], plan)
         sess.ping()
@@ -312,11 +331,64 @@ def judge_entry(plan: Plan, k: int, fd: int, cap: int) -> dict:
         verdict, why = "memory_limit", "the test ran out of memory on the program's results"
     except BaseException as e:  # noqa: BLE001 - a failing assert, or an exception the test did not expect
         verdict, why = "wrong", f"{type(e).__name__}: {e}"
-    if sess.ended is not None:  # even if the test's own `except:` swallowed it
+    return _outcome(sess, verdict, why)
+
+
+def _judge_call(entry: dict, sess: _Session) -> dict:
+    """A function-call test ``{"call": name, "args": [...], "expected": value}`` (arguments and expected value
+    encoded by :func:`~.driver.encode_value` in the trainer): the program's function (``Solution().name`` or
+    ``name``, see :func:`_function`) called once with the arguments, its result compared with :func:`data_equal`.
+    A function that raises (or a program that fails to load) has the verdict ``error``."""
+    try:
+        args, expected = decode_value(entry["args"]), decode_value(entry["expected"])
+        name = str(entry["call"])
+    except (KeyError, TypeError, ValueError) as e:
+        return {"verdict": "bad_tests", "why": f"malformed function-call test: {type(e).__name__}", "clean": True}
+    try:
+        actual = sess.call("fn", name, None, (), list(args), {})
+    except (Unjudgeable, _Ended):
+        return _outcome(sess, "pass", "")  # recorded in the session
+    except MemoryError:
+        return _outcome(sess, "memory_limit", "the judge ran out of memory on the program's result")
+    except Exception as e:  # noqa: BLE001 - the program's function raised, or the program failed to load
+        return _outcome(sess, "error", f"{type(e).__name__}: {e}")
+    try:
+        equal = data_equal(actual, expected)
+    except MemoryError:
+        return _outcome(sess, "memory_limit", "the judge ran out of memory comparing the program's result")
+    except (RecursionError, OverflowError):  # nested too deeply, an int beyond any float: not the value
+        equal = False
+    return _outcome(sess, "pass" if equal else "wrong", "" if equal else f"`{name}` returned another value")
+
+
+def _outcome(sess: _Session, verdict: str, why: str) -> dict:
+    """The entry's record: ``verdict``, unless the program's process ended or a use was unjudgeable (even where the
+    test's own ``except:`` swallowed it)."""
+    if sess.ended is not None:
         verdict, why = sess.ended.verdict, str(sess.ended)
     elif sess.unjudgeable:
         verdict, why = "unjudgeable", sess.unjudgeable
     return {"verdict": verdict, "why": why[:_WHY], "clean": sess.ended is None}
+
+
+def data_equal(actual, expected) -> bool:
+    """The function-call format's comparison, on data the judge rebuilt (never an object of the program's): tuples
+    equal lists, a bool equals only a bool; a float expectation matches within a relative 1e-6 (absolute 1e-9), an
+    integer one exactly (``10000000`` is not ``10000001.0``); any other value by exact type and ``==`` (a ``Counter``
+    is not a ``dict``, a ``range`` not a ``list``). May raise ``OverflowError`` (an int beyond any float against a
+    float expectation) or ``RecursionError``: not equal."""
+    ta, te = type(actual), type(expected)
+    if ta is bool or te is bool:
+        return ta is te and actual == expected
+    if ta in (int, float) and te in (int, float):
+        if te is float:
+            return math.isclose(actual, expected, rel_tol=1e-6, abs_tol=1e-9)
+        return actual == expected
+    if ta in (list, tuple) and te in (list, tuple):
+        return len(actual) == len(expected) and all(data_equal(x, y) for x, y in zip(actual, expected))
+    if ta is dict and te is dict:
+        return actual.keys() == expected.keys() and all(data_equal(actual[k], expected[k]) for k in actual)
+    return ta is te and actual == expected
 
 
 def _unjudgeable(what: str):

@@ -1,4 +1,4 @@
-"""The asserts format's judge (issue 45): no completion can stop, hang or grow the trainer; honest test suites in every
+"""The judge of the asserts and function-call formats (issue 45): no completion can stop, hang or grow the trainer; honest test suites in every
 shape score 1; no exception or mutation of the program's forges a verdict.
 
 Each attack of the issue, and variants of its class, is run through the real bwrap sandbox in a batch with honest
@@ -10,15 +10,16 @@ generous deadline that a hung call would miss.
 
 from __future__ import annotations
 
+import collections
 import resource
 import threading
 import time
 
 import pytest
 
-from or1_trl.rewards.code import CodeReward, _data_equal
+from or1_trl.rewards.code import CodeReward
 from or1_trl.rewards.sandbox import SandboxUnavailable
-from or1_trl.rewards.sandbox.judge import Plan, ProgramError, _program_exception
+from or1_trl.rewards.sandbox.judge import Plan, ProgramError, _program_exception, data_equal
 
 TIMEOUT = 3.0
 reward = CodeReward(timeout_per_test=TIMEOUT, total_timeout=30.0, memory_mb=256, max_processes=16,
@@ -146,6 +147,33 @@ def test_returned_bombs_end_in_the_sandbox():
     assert statuses[len(names)] in {"memory_limit", "timeout"}
 
 
+#: The function-call format's bombs: what the program returns to ``f(3)`` (expected ``[3]``), and how it may end. The
+#: judge decodes and compares the value in the sandbox; the trainer only gets the record.
+CALL_BOMBS = {
+    "range(10**12)": ("return range(10**12)", {"wrong"}),  # a range is not the expected list, whatever its length
+    "huge flat list": ("return [[0] * 1000] * 10**6", {"timeout", "memory_limit", "output_limit"}),
+    "deeply nested list": ("a = []\n    for _ in range(10**5):\n        a = [a]\n    return a", {"unjudgeable"}),
+    "cyclic list": ("a = [x]\n    a.append(a)\n    return a", {"unjudgeable"}),
+    "cyclic dict": ("d = {}\n    d[0] = d\n    return [d]", {"unjudgeable"}),
+    "endless generator": ("while True:\n        yield x", {"unjudgeable", "timeout"}),
+}
+
+
+def test_function_call_bombs_end_in_the_sandbox():
+    names = list(CALL_BOMBS)
+    call = {"fn_name": "f", "inputs": [[3]], "outputs": [[3]]}
+    completions = [block(f"def f(x):\n    {CALL_BOMBS[n][0]}") for n in names]
+    # a one-node cycle of the prefix's ListNode: rebuilt by reference in the judge, then not the expected list
+    cycle = block("class Solution:\n    def f(self, x):\n        h = ListNode(x)\n        h.next = h\n        return h")
+    linked = dict(call, import_prefix=LINKED_PREFIX)
+    honest = [block("def f(x):\n    return [x]"), block("class Solution:\n    def f(self, x):\n        return (x,)")]
+    out, statuses = run_watched(reward, completions + [cycle] + honest, [call] * len(names) + [linked] + [call] * 2)
+    assert out == [0.0] * (len(names) + 1) + [1.0, 1.0], dict(zip(names + ["cycle"], statuses))
+    for name, status in zip(names, statuses):
+        assert status in CALL_BOMBS[name][1], (name, status)
+    assert statuses[len(names)] == "wrong"
+
+
 def test_a_sample_never_costs_more_than_its_deadline():
     # Many entries, each one a bomb: the sample is cut at its total deadline, not at entries x timeout.
     short = CodeReward(timeout_per_test=TIMEOUT, total_timeout=8.0, memory_mb=256, max_processes=16, num_workers=1,
@@ -243,16 +271,34 @@ def test_program_exceptions_as_the_test_sees_them():
         assert type(exc) is ProgramError and name in str(exc)
 
 
+def test_data_equal_is_exact_but_for_float_expectations():
+    # an integer expectation exactly, a float one within 1e-6 relative (1e-9 absolute), whichever side is a float
+    assert not data_equal(10000001.0, 10000000) and not data_equal(10000003.0, 10000000)
+    assert data_equal(10000000.0, 10000000) and data_equal(10000000, 10000000)
+    assert data_equal(2, 2.0000000001) and data_equal(0.1 + 0.2, 0.3) and not data_equal(2.1, 2.0)
+    assert data_equal(10000001.0, 10000000.0) and not data_equal(10000100.0, 10000000.0)  # 1e-7 in, 1e-5 out
+    assert data_equal(1e-10, 0.0) and not data_equal(1e-8, 0.0)
+    assert not data_equal(float("nan"), float("nan")) and data_equal(float("inf"), float("inf"))
+    # bool only bool; tuples equal lists, nested; dicts by keys and values; other types exactly
+    assert not data_equal([10000001.0], [10000000]) and not data_equal(True, 1) and not data_equal(1, True)
+    assert data_equal((1, [2.0000000001, "a"]), [1, (2.0, "a")]) and not data_equal([1, 2], [1, 2, 3])
+    assert data_equal({"a": [1.0000000001]}, {"a": (1.0,)}) and not data_equal({"a": 1}, {"b": 1})
+    assert not data_equal(collections.Counter(a=1), {"a": 1}) and not data_equal(range(3), [0, 1, 2])
+    assert not data_equal(iter([1]), [1]) and not data_equal("1", 1) and not data_equal(None, 0)
+    assert data_equal({1, 2}, {2, 1}) and not data_equal({1, 2}, [1, 2]) and data_equal(None, None)
+    with pytest.raises(OverflowError):  # an int beyond any float against a float expectation: the judge says wrong
+        data_equal(10**400, 1.0)
+
+
 def test_an_integer_expectation_is_matched_exactly():
-    assert not _data_equal(10000001.0, 10000000) and not _data_equal(10000003.0, 10000000)
-    assert _data_equal(10000000.0, 10000000) and _data_equal(10000000, 10000000)
-    assert _data_equal(2, 2.0000000001) and _data_equal(0.1 + 0.2, 0.3) and not _data_equal(2.1, 2.0)
-    assert not _data_equal([10000001.0], [10000000]) and not _data_equal(True, 1)
     call = {"fn_name": "f", "inputs": [[1]], "outputs": [10000000]}
+    close = {"fn_name": "f", "inputs": [[1]], "outputs": [[1.0, 10000000.0]]}
     codes = ["def f(x):\n    return 10000001.0", "def f(x):\n    return 10000003.0", "def f(x):\n    return 10000000",
-             "def f(x):\n    return 10000000.0"]
-    out, statuses = run_watched(reward, [block(c) for c in codes], [call] * 4)
-    assert out == [0.0, 0.0, 1.0, 1.0], statuses
+             "def f(x):\n    return 10000000.0", "def f(x):\n    return [1.0000005, 10000005]",
+             "def f(x):\n    return [1.00001, 10000000]", "def f(x):\n    return [1, 10**400]"]
+    out, statuses = run_watched(reward, [block(c) for c in codes], [call] * 4 + [close] * 3)
+    assert out == [0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0], statuses
+    assert statuses[-1] == "wrong"
 
 
 def test_no_sample_changes_what_another_is_judged_against():

@@ -22,7 +22,7 @@ import pytest
 
 from or1_trl.rewards.code import CodeReward
 from or1_trl.rewards.sandbox import LOST_ISOLATION, Sandbox, SandboxError, SandboxUnavailable, bwrap_candidates
-from or1_trl.rewards.sandbox import decode_value, driver, encode_value, judge
+from or1_trl.rewards.sandbox import driver, encode_value, judge
 
 REPO = str(pathlib.Path(os.path.abspath(__file__)).parents[3])  # the repository
 
@@ -242,8 +242,8 @@ def _frame(message: dict) -> str:
 def test_driver_is_a_standalone_file(scratch):
     """The driver runs inside the sandbox as a file of its own, with the judge beside it: both import the standard
     library only (nothing of or1_trl, no relative import outside the package branch of the judge), and copies of the
-    two alone, where no or1_trl exists, speak the whole protocol (a call job, and an asserts job whose tests come in
-    a second frame, for the judge)."""
+    two alone, where no or1_trl exists, speak the whole protocol (a function-call job and an asserts job, each with
+    its tests in a second frame, for the judge)."""
     for module in (driver, judge):
         imported = set()
         for node in ast.walk(ast.parse(open(module.__file__).read())):
@@ -264,13 +264,14 @@ def test_driver_is_a_standalone_file(scratch):
     nonce = uuid.uuid4().hex * 2  # 64 hex characters
     # own_pidns is left out: outside a PID namespace of its own, the driver must not kill(-1) the host's processes
     limits = {"timeout": 5, "memory_bytes": 1 << 30, "max_output": 1 << 16, "max_file": 1 << 20}
-    call = {"kind": "call", "code": "def f(x, ys):\n    return (x * 2, sorted(ys))\n", "fn_name": "f",
-            "tests": [{"args": encode_value([3, {2, 1}])}, {"args": encode_value([1.5, "ba"])}], **limits}
-    asserts = {"kind": "assert", "code": "def f(x):\n    return 2 * x\n", "prefix": "import math\n",
+    call = {"kind": "judge", "code": "def f(x, ys):\n    return (x * 2, sorted(ys))\n", "tests": [{}, {}], **limits}
+    calls = {"entries": [{"call": "f", "args": encode_value([3, {2, 1}]), "expected": encode_value([6, [1, 2]])},
+                         {"call": "f", "args": encode_value([1.5, "ba"]), "expected": encode_value([3.0, "ab"])}]}
+    asserts = {"kind": "judge", "code": "def f(x):\n    return 2 * x\n", "prefix": "import math\n",
                "tests": [{}, {}], **limits}
     entries = {"entries": ["assert f(2) == 4", "assert math.isclose(f(0.5), 2.0)"]}
     runs = []
-    for stdin in (nonce + _frame(call), nonce + _frame(asserts) + _frame(entries)):
+    for stdin in (nonce + _frame(call) + _frame(calls), nonce + _frame(asserts) + _frame(entries)):
         out = subprocess.run([sys.executable, "-I", "-B", os.path.join(alone, "driver.py")], input=stdin.encode(),
                              capture_output=True, cwd=alone, timeout=60)
         assert out.returncode == 0, out.stderr
@@ -279,8 +280,8 @@ def test_driver_is_a_standalone_file(scratch):
         runs.append(list(map(json.loads, records)))
     (ready, first, second, done), (a_ready, a_first, a_second, a_done) = runs
     assert ready == a_ready == {"ready": 2} and done == a_done == {"done": 2}
-    assert (first["i"], first["status"], decode_value(first["value"])) == (0, "ok", (6, [1, 2]))
-    assert (second["i"], second["status"], decode_value(second["value"])) == (1, "ok", (3.0, ["a", "b"]))
+    assert (first["i"], first["status"], first["verdict"]) == (0, "ok", "pass"), first
+    assert (second["i"], second["status"], second["verdict"]) == (1, "ok", "wrong"), second  # ["a", "b"] != "ab"
     assert (a_first["i"], a_first["status"], a_first["verdict"]) == (0, "ok", "pass")
     assert (a_second["i"], a_second["status"], a_second["verdict"]) == (1, "ok", "wrong"), a_second
 
