@@ -11,9 +11,10 @@ test passes. Three test formats are supported (``tests`` is a dict or its JSON s
 * function call — ``{"fn_name": name, "inputs": [[args...], ...], "outputs": [value, ...]}``: a plain
   function ``name`` or a LeetCode-style ``class Solution`` method ``name``. LiveCodeBench's string encoding
   (each input a string of newline-separated JSON arguments, each output a JSON string) is also accepted.
-  The return value is serialised *in the sandbox* by a strict encoder (exact builtin types only) and compared
-  as data in the trainer: tuples equal lists; a float expectation matches within a 1e-6 relative tolerance, an
-  integer one exactly.
+  Each test is one call (a fresh ``Solution()`` each), judged *in the sandbox* like an assert: the return value is
+  serialised by a strict encoder (exact builtin types only) and compared as data by the judge
+  (:func:`~or1_trl.rewards.sandbox.judge.data_equal`): tuples equal lists; a float expectation matches within a
+  1e-6 relative tolerance, an integer one exactly; a bool only a bool.
 * asserts — ``{"asserts": ["assert f(1) == 2", ...], "import_prefix": "..."}``: each entry is one test (any
   test code: asserts, assignments, loops, ``def check(candidate)``, ``try``/``except``, randomness, state).
 
@@ -22,12 +23,14 @@ Why no format's verdict can be influenced by the program (the policy is optimise
 * stdin/stdout: the verdict compares stdout *text* in the trainer with the expected text, which never enters the
   sandbox. Rebinding ``print``, ``sys.stdout`` or ``json``, writing to fd 1 directly or from a forked process only
   changes which text is compared (output after the test's process exited is not read); no object of the program's
-  reaches the comparison.
-* function call: the return value is encoded in the sandbox and decoded in the trainer by a strict decoder into
-  exact builtin types, then compared as data (:func:`_data_equal`). An object with a custom ``__eq__``, a subclass of
-  ``int``/``str``/``list`` or an object whose comparison raises is refused by the encoder; a program that patches the
-  encoder, ``json`` or ``type``, or writes forged data to the result fd, still only sends data, and data equal to
-  the expected value is the right answer.
+  reaches the comparison. This text (at most ``max_output_bytes`` per test) is the one thing of a sample the trainer
+  reads: it is only split into lines and compared.
+* function call: the arguments and the expected value travel to the judge alone (below); the program process gets
+  the arguments of its call, never the expected value. Its return value is encoded there and rebuilt by the judge's
+  strict decoder into exact builtin types, then compared as data. An object with a custom ``__eq__``, a subclass of
+  ``int``/``str``/``list`` or a cycle cannot be encoded (``unjudgeable``); a program that patches the encoder,
+  ``json`` or ``type``, or writes forged bytes to its socket, still only sends data, and data equal to the expected
+  value is the right answer. A function that raises (or is missing) is an ``error``.
 * asserts: the test code runs in the sandbox, in a **judge** that is not the program's process
   (:mod:`~or1_trl.rewards.sandbox.judge`): pristine builtins, the import prefix run afresh for each sample, and each
   program name the test uses a proxy whose calls go to a **program process** (the program run once, persistent, so
@@ -36,8 +39,8 @@ Why no format's verdict can be influenced by the program (the policy is optimise
   value that is not data is ``unjudgeable``), and an exception it raises cannot steer the judge's iteration. The
   judge's entry processes have their own deadline (``timeout_per_test`` each) and memory bound: a returned bomb (a
   huge ``range`` fed to ``set``, a cycle walked by a helper) ends that entry as ``timeout`` or ``memory_limit``.
-  **Nothing derived from a completion runs or is iterated in the trainer**: for each entry it receives a record of
-  fixed form (status, verdict, a reason of at most 300 characters). The judge's module docstring gives the names
+  **Nothing derived from a completion runs or is iterated in the trainer**, in either judged format (asserts,
+  function call): for each entry it receives a record of fixed form (status, verdict, a reason of at most 300 characters). The judge's module docstring gives the names
   rule and what is ``unjudgeable`` (counted per call in the metric ``code_reward/unjudgeable_frac``).
 
 The sandbox, its threat model and what each backend isolates are documented in

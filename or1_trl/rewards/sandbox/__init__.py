@@ -6,13 +6,15 @@ into a passing one (exiting early, returning an object whose ``__eq__`` is alway
 verdict, reading the answers, ...) will eventually be found. The sandbox is therefore built around two
 rules:
 
-1. **The verdict is computed where the program cannot reach.** For stdin/stdout and function-call tests, outside
-   the sandbox: expected outputs never enter it; a test run produces *data* only (stdout bytes, or return values
-   serialised by a strict encoder that accepts exact builtin types only), which the trainer process decodes and
-   compares with the expected values. For assert tests, in the sandbox's **judge** (``judge.py``): a process the
-   driver forks before any untrusted code runs, the only one that reads the tests; the program runs in a process of
-   its own that answers the judge's calls with the same strict data, never sees a test, and cannot reach the judge's
-   memory (non-dumpable). The trainer receives one fixed-format record per test, nothing of the program's.
+1. **The verdict is computed where the program cannot reach.** For stdin/stdout tests, outside the sandbox: the
+   expected output never enters it; a test run produces stdout *text* (at most ``max_output_bytes``), which the
+   trainer compares with the expected text — the one thing of a sample the trainer reads, bounded. For assert and
+   function-call tests, in the sandbox's **judge** (``judge.py``): a process the driver forks before any untrusted
+   code runs, the only one that reads the tests and expected values; the program runs in a process of its own that
+   answers the judge's calls with data serialised by a strict encoder (exact builtin types only), never sees a test
+   or an expected value, and cannot reach the judge's memory (non-dumpable). The judge rebuilds and compares the
+   returned data within its own time and memory bounds; the trainer receives one fixed-format record per test
+   (status, verdict, a short reason), nothing of the program's.
 2. **Positive evidence for every test.** Each test runs in a fresh child process forked by a small trusted
    driver (``driver.py``, run as ``__main__`` inside the sandbox). Only after the child has exited does the
    driver write a record for that test to its stdout, prefixed with a random 256-bit nonce. The nonce is
@@ -66,11 +68,13 @@ Running as root                root: dedicated uid ``uid_base + slot`` (never 0,
 Killing the trainer            PID namespace (parent invisible) / different uid             bwrap, unshare,
                                                                                             rlimit as root
 TIOCSTI / terminal injection   ``--new-session`` / ``setsid``                               all
-Always-equal objects,          values are serialised by a strict encoder in the child and   all (protocol)
-tampered builtins, early exit  compared as data by the trainer; every test needs a nonce
-                               record written by the driver after the child exited; assert
-                               tests run in the judge on pristine builtins, the program's
-                               process only answers their calls, with data
+Always-equal objects,          values are serialised by a strict encoder in the program's   all (protocol)
+tampered builtins, early exit  process and compared as data by the judge (assert tests run
+                               there on pristine builtins; the program's process only
+                               answers calls, with data); every test needs a nonce record
+                               written after its process exited
+Returned bombs (huge ``range``, the judge's entry process decodes and compares within its    all (protocol)
+cycles, deep nesting)          own deadline and RLIMIT_AS; the trainer reads only records
 =============================  ===========================================================  ================
 
 What the fallbacks lose: ``unshare`` keeps the PID/network/IPC namespaces, the uid drop (root) and a private
@@ -104,9 +108,9 @@ The package, by process:
   under each, and their probes; :mod:`~or1_trl.rewards.sandbox.memory` (a sample's memory bound) and
   :mod:`~or1_trl.rewards.sandbox.slots` (a root trainer's sandbox uids).
 * :mod:`~or1_trl.rewards.sandbox.driver` — the driver, run inside the sandbox as a standalone file (the standard
-  library only); it also holds the strict value encoder, which the parent imports from it.
-* :mod:`~or1_trl.rewards.sandbox.judge` — beside the driver, loaded by it: the asserts format's judge and program
-  process (what each runs; the driver forks them).
+  library only); it also holds the strict value encoder (the parent imports it to encode a function-call test).
+* :mod:`~or1_trl.rewards.sandbox.judge` — beside the driver, loaded by it: the judge of the asserts and
+  function-call formats and the program process (what each runs; the driver forks them).
 """
 
 from .driver import NONCE_LEN, UnserialisableValue, decode_data, decode_value, encode_data, encode_value

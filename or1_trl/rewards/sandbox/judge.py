@@ -1,23 +1,29 @@
-"""The asserts format's judge: the test code and the program in two processes of the sandbox, only data between them.
+"""The judge of the asserts and function-call formats: the test and the program in two processes of the sandbox, only
+data between them.
 
 Runs inside the sandbox, loaded by the driver (:mod:`~or1_trl.rewards.sandbox.driver`, which forks the processes);
-standard library only, like the driver. An asserts sample is three kinds of process, all in the sample's sandbox:
+standard library only, like the driver. A judged sample is three kinds of process, all in the sample's sandbox:
 
 * the **program process** (:func:`serve_program`, one at a time, forked by the driver, which holds no test): the
   import prefix, then the program, run once as the module ``solution``; it then answers the judge's requests — call a
   function, make an instance of a class (kept here under a handle, so state lives on between calls: a counter, a
-  stack) — each with the result encoded as data by the strict encoder (exact builtin types; iterators, ``range``,
+  stack), call the function-call format's function (LeetCode's ``Solution().name``, a fresh instance per call, else
+  ``name``) — each with the result encoded as data by the strict encoder (exact builtin types; iterators, ``range``,
   dict views and the ``collections`` containers materialised; the prefix's own classes, LeetCode's ``ListNode``, by
   reference, field by field). It never receives a test or an expected value: only the arguments of its calls.
 * the **judge** (:class:`Plan`, built in a process forked by the driver before any untrusted code ran): it alone reads
   the tests (from the sandbox's stdin, after the driver let go of it), runs the import prefix in a namespace of its
   own (pristine builtins, fresh for this sample), and forks one **entry process** per test entry.
-* an **entry process** (:func:`judge_entry`) runs one entry's test code on the prefix's names and pristine
-  builtins. Each program name the test uses is a proxy (:class:`_ProgramRef`) whose calls go to the program process
-  over a socket that carries length-framed JSON only; results come back through the strict decoder, rebuilt as
-  this process's own objects (the prefix's classes rebuilt with the judge's class). Its verdict is a small record:
-  ``pass``, ``wrong``, ``unjudgeable``, ``error`` (the program failed to load), ``no_result`` (its process ended
-  without answering), ``output_limit``, ``memory_limit`` or ``bad_tests``.
+* an **entry process** (:func:`judge_entry`) judges one entry. A function-call entry (``{"call": name, "args",
+  "expected"}``, made by the trainer from ``{"fn_name", "inputs", "outputs"}``) is one call of the program's function
+  with the arguments, its result compared with the expected value by :func:`data_equal` (tuples equal lists, a
+  float expectation within a 1e-6 relative tolerance, an integer one exactly, a bool only a bool). An asserts entry
+  runs its test code on the prefix's names and pristine builtins; each program name the test uses is a proxy
+  (:class:`_ProgramRef`). Calls go to the program process over a socket that carries length-framed JSON only; results
+  come back through the strict decoder, rebuilt as this process's own objects (the prefix's classes rebuilt with the
+  judge's class). Its verdict is a small record: ``pass``, ``wrong``, ``unjudgeable``, ``error`` (the program failed
+  to load; for a function call also: its function raised), ``no_result`` (its process ended without answering),
+  ``output_limit``, ``memory_limit`` or ``bad_tests``.
 
 The judge and the program process run as the same sandbox uid (bwrap maps one uid into the sample's user namespace;
 a root trainer gives each sample one uid slot): the judge is out of the program's reach because it is not dumpable

@@ -128,8 +128,9 @@ class Sandbox(Isolation):
     # -- running ---------------------------------------------------------------------------------------
 
     def run(self, job: dict, on_record=None) -> SandboxResult:
-        """Run ``job`` (kind, code, tests, ...) and return the verified per-test records. An asserts job's
-        ``secret`` (its test entries) is sent after the job, for the judge alone (:mod:`.judge`).
+        """Run ``job`` (kind, code, tests, ...) and return the verified per-test records. A judged job's
+        ``secret`` (its test entries: asserts, or function calls with their expected values) is sent after the job,
+        for the judge alone (:mod:`.judge`).
 
         ``on_record(record) -> bool`` is called for each verified record; returning False stops the sandbox
         early (used for all-or-nothing rewards: the first failing test decides).
@@ -158,7 +159,7 @@ class Sandbox(Isolation):
                 cmd = ["/bin/sh", "-c", 'echo 0 > "$0" && exec "$@"', cgroup.procs_file, *cmd]
             nonce_hex = secrets.token_hex(NONCE_LEN // 2).encode()
             public = dict(job)
-            secret = public.pop("secret", None)  # the asserts format's tests: read by the judge alone (driver.py)
+            secret = public.pop("secret", None)  # a judged job's tests: read by the judge alone (driver.py)
             payload = nonce_hex + _frame(self._driver_job(public, timeout_per_test)) + \
                 (_frame(secret) if secret is not None else b"")
             try:

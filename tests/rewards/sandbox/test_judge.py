@@ -1,5 +1,5 @@
-"""The judge of the asserts and function-call formats (issue 45): no completion can stop, hang or grow the trainer; honest test suites in every
-shape score 1; no exception or mutation of the program's forges a verdict.
+"""The judge of the asserts and function-call formats (issue 45): no completion can stop, hang or grow the trainer;
+honest test suites in every shape score 1; no exception or mutation of the program's forges a verdict.
 
 Each attack of the issue, and variants of its class, is run through the real bwrap sandbox in a batch with honest
 samples, while the test process watches itself: a background thread must keep ticking (a GIL held by `sum` over a
@@ -164,7 +164,8 @@ def test_function_call_bombs_end_in_the_sandbox():
     call = {"fn_name": "f", "inputs": [[3]], "outputs": [[3]]}
     completions = [block(f"def f(x):\n    {CALL_BOMBS[n][0]}") for n in names]
     # a one-node cycle of the prefix's ListNode: rebuilt by reference in the judge, then not the expected list
-    cycle = block("class Solution:\n    def f(self, x):\n        h = ListNode(x)\n        h.next = h\n        return h")
+    cycle = block("class Solution:\n    def f(self, x):\n        h = ListNode(x)\n        h.next = h\n"
+                  "        return h")
     linked = dict(call, import_prefix=LINKED_PREFIX)
     honest = [block("def f(x):\n    return [x]"), block("class Solution:\n    def f(self, x):\n        return (x,)")]
     out, statuses = run_watched(reward, completions + [cycle] + honest, [call] * len(names) + [linked] + [call] * 2)
