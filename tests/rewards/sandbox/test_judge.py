@@ -404,14 +404,23 @@ AT_LOAD = snoop()
 
 def leak():
     return AT_LOAD or snoop()
+
+
+def leak_tag():  # the function-call format's: the expected value is the tag itself
+    value = leak()
+    return "SECRET_TAG_%d" % value if value else ""
 '''
 
 
 def test_the_program_never_sees_the_tests():
     # The test's text (and its expected value) lives in the judge alone: a program reading every memory, fd and file
     # it can reach, at load and while the judge waits on its call, finds nothing. Its twin test (the tag in the
-    # prefix, which the program runs) shows the scan does find what is readable.
+    # prefix, which the program runs) shows the scan does find what is readable. The same for a function-call test's
+    # expected value.
+    tag_prefix = "TAG = b'SECRET_TAG_31337271828'\n"
     hidden = {"asserts": ["# SECRET_TAG_31337271828\nassert leak() == 31337271828"] * 2}
-    visible = {"asserts": ["assert leak() == 31337271828"], "import_prefix": "TAG = b'SECRET_TAG_31337271828'\n"}
-    out, statuses = run_watched(partial, [block(SNOOP)] * 2, [hidden, visible])
-    assert out == [0.0, 1.0], statuses
+    visible = {"asserts": ["assert leak() == 31337271828"], "import_prefix": tag_prefix}
+    hidden_call = {"fn_name": "leak_tag", "inputs": [[], []], "outputs": ["SECRET_TAG_31337271828"] * 2}
+    visible_call = dict(hidden_call, import_prefix=tag_prefix)
+    out, statuses = run_watched(partial, [block(SNOOP)] * 4, [hidden, visible, hidden_call, visible_call])
+    assert out == [0.0, 1.0, 0.0, 1.0], statuses
