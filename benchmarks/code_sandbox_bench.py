@@ -123,8 +123,9 @@ def run(n_samples: int = 16) -> str:
                  f"costs {max(0.0, (rows[1][3] / n_samples - one) / (TESTS_PER_SAMPLE - 1)) * 1e3:.1f} ms (fork) instead of a new "
                  f"interpreter.")
     lines.append("")
-    lines.append("The sandbox starts one isolated interpreter per sample and forks one process per test (assert tests: "
-                 "one judge process, one program process answering its calls, one fork of the judge per entry); "
+    lines.append("The sandbox starts one isolated interpreter per sample and forks one process per test (assert "
+                 "and call tests: one judge process, one program process answering its calls, one fork of the judge "
+                 "per entry); "
                  "the bare baseline starts one unisolated interpreter per test.")
     return "\n".join(lines)
 
