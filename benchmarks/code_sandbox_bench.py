@@ -1,8 +1,9 @@
 """Throughput of the code reward's sandbox (paper §7.2) vs. running the program bare.
 
 ``run(n_samples)`` returns a Markdown table: samples/s and tests/s of :class:`or1_trl.rewards.code.CodeReward`
-(serial and with one worker per CPU), for stdin/stdout, function-call and assert tests, and the overhead per sample
-compared with a bare ``subprocess.run([sys.executable, "-c", code])`` per test (no isolation, no limits).
+(serial and with one worker per CPU), for stdin/stdout, function-call and assert tests (five one-assert entries; and
+one HumanEval-style ``def check(candidate)`` entry of 40 straight-line asserts, ``check40``), and the overhead per
+sample compared with a bare ``subprocess.run([sys.executable, "-c", code])`` per test (no isolation, no limits).
 
     python benchmarks/code_sandbox_bench.py [n_samples] [--markdown FILE]
 """
@@ -50,6 +51,18 @@ def _assert_tests(seed: int) -> dict:
                         for (n, xs), out in zip(tests["inputs"], tests["outputs"])]}
 
 
+CHECK_ASSERTS = 40
+
+
+def _check_tests(seed: int) -> dict:
+    """One entry: ``def check(candidate)`` with 40 straight-line asserts, then ``check(Solution().scaled)``."""
+    lines = []
+    for k in range(CHECK_ASSERTS):
+        n, xs = seed + k + 1, list(range(seed, seed + 50))
+        lines.append(f"    assert candidate({n}, {xs}) == {sum(xs) * n}\n")
+    return {"asserts": ["def check(candidate):\n" + "".join(lines) + "check(Solution().scaled)\n"]}
+
+
 def _bare(n_samples: int) -> float:
     t0 = time.perf_counter()
     for s in range(n_samples):
@@ -64,7 +77,7 @@ def _bare(n_samples: int) -> float:
 def _sandboxed(n_samples: int, kind: str, workers: int, n_tests: int = TESTS_PER_SAMPLE) -> float:
     reward = CodeReward(num_workers=workers)
     code, make = {"stdio": (STDIO_CODE, _stdio_tests), "call": (CALL_CODE, _call_tests),
-                  "asserts": (CALL_CODE, _assert_tests)}[kind]
+                  "asserts": (CALL_CODE, _assert_tests), "check40": (CALL_CODE, _check_tests)}[kind]
     completions = [f"```python\n{code}```"] * n_samples
     tests = [{k: v[:n_tests] if isinstance(v, list) else v for k, v in make(s).items()} for s in range(n_samples)]
     reward(completions[:1], tests[:1])  # choose the backend (one probe sandbox) outside the timing
@@ -78,25 +91,31 @@ def _sandboxed(n_samples: int, kind: str, workers: int, n_tests: int = TESTS_PER
 def run(n_samples: int = 16) -> str:
     n_samples = max(1, int(n_samples))
     cpus = os.cpu_count() or 1
-    n_tests = n_samples * TESTS_PER_SAMPLE
     rows = [("bare `subprocess.run([python, -c, code])` per test", "stdio", 1, _bare(n_samples))]
-    for kind in ("stdio", "call", "asserts"):
+    for kind in ("stdio", "call", "asserts", "check40"):
         for workers in sorted({1, cpus}):
             rows.append((f"sandbox ({available_backend()})", kind, workers, _sandboxed(n_samples, kind, workers)))
     bare_per_sample = rows[0][3] / n_samples
     lines = [
-        f"Code sandbox throughput: {n_samples} samples × {TESTS_PER_SAMPLE} tests, {cpus} CPU(s), "
-        f"backend `{available_backend()}`, Python {sys.version.split()[0]}.",
+        f"Code sandbox throughput: {n_samples} samples × {TESTS_PER_SAMPLE} tests ({CHECK_ASSERTS} asserts for "
+        f"`check40`), {cpus} CPU(s), backend `{available_backend()}`, Python {sys.version.split()[0]}.",
         "",
         "| runner | tests | workers | wall s | samples/s | tests/s | ms/sample | overhead vs bare (ms/sample, serial) |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, kind, workers, t in rows:
         per = t / n_samples
+        n_tests = n_samples * (CHECK_ASSERTS if kind == "check40" else TESTS_PER_SAMPLE)
         over = f"{(per - bare_per_sample) * 1e3:+.0f}" if workers == 1 and not name.startswith("bare") else "—"
         lines.append(f"| {name} | {kind} | {workers} | {t:.2f} | {n_samples / t:.1f} | {n_tests / t:.1f} | "
                      f"{per * 1e3:.0f} | {over} |")
     one = _sandboxed(n_samples, "stdio", 1, n_tests=1) / n_samples
+    one_assert = _sandboxed(n_samples, "asserts", 1, n_tests=1) / n_samples
+    check40 = next(t for _, kind, workers, t in rows if kind == "check40" and workers == 1) / n_samples
+    lines.append("")
+    lines.append(f"The `check40` row is one test (one entry) of {CHECK_ASSERTS} asserts, each a call of the program: "
+                 f"{check40 * 1e3:.0f} ms per sample (serial), against {one_assert * 1e3:.0f} ms for a sample of a "
+                 f"single one-assert entry ({CHECK_ASSERTS} of those: {CHECK_ASSERTS * one_assert * 1e3:.0f} ms).")
     lines.append("")
     lines.append(f"Fixed cost of isolation: a 1-test stdio sample takes {one * 1e3:.0f} ms in the sandbox (serial) vs "
                  f"{bare_per_sample / TESTS_PER_SAMPLE * 1e3:.0f} ms for one bare `subprocess.run`, i.e. "
@@ -104,8 +123,10 @@ def run(n_samples: int = 16) -> str:
                  f"costs {max(0.0, (rows[1][3] / n_samples - one) / (TESTS_PER_SAMPLE - 1)) * 1e3:.1f} ms (fork) instead of a new "
                  f"interpreter.")
     lines.append("")
-    lines.append("The sandbox starts one isolated interpreter per sample and forks one process per test; the bare "
-                 "baseline starts one unisolated interpreter per test.")
+    lines.append("The sandbox starts one isolated interpreter per sample and forks one process per test (assert "
+                 "and call tests: one judge process, one program process answering its calls, one fork of the judge "
+                 "per entry); "
+                 "the bare baseline starts one unisolated interpreter per test.")
     return "\n".join(lines)
 
 

