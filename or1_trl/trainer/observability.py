@@ -420,7 +420,7 @@ class RunWatch:
 
     def end_step(self, coef: float, reduce: Callable, rollout) -> list[str]:
         """At an optimizer step's end: the entropy warnings (collapse, low start; `reduce` sums over ranks) and the
-        skipped-step warning for the step's `rollout` (`recipe/rollout.Rollout`), those that are due."""
+        skipped-step warning for the step's `rollout` (`trainer/rollout_record.Rollout`), those that are due."""
         return self.entropy.end_step(coef, reduce) + self.skipped.observe(rollout.skip_update, rollout.outcomes)
 
     def timed(self, phase: str, training: bool):

@@ -5,10 +5,10 @@ PPO clipping, the fused LM head (no `[B, T, V]` logits), the 80/20 mask, checkpo
 One step k = one generation batch, on-policy; each hook wraps TRL's (super(), then a few lines calling a module):
 
 0. `__init__`: **pre-flight** (`data/preflight.py`, `packing.py`) before the model loads. `train`: **stages**
-   (§3.2.2, `recipe/stages.StageRun`), one pass of transformers' loop each, resuming from the previous stage's last
+   (§3.2.2, `stage_run.StageRun`), one pass of transformers' loop each, resuming from the previous stage's last
    complete checkpoint (`trainer/checkpoint.py`); at a stage start the **online filter** shrinks the pool
    (`recipe/prompts.PromptSchedule`) that `_get_train_sampler` draws from.
-1. `_calculate_rewards`: the rollout's record (`recipe/rollout.Rollout`): rewards of all ranks, each row's prompt,
+1. `_calculate_rewards`: the rollout's record (`rollout_record.Rollout`): rewards of all ranks, each row's prompt,
    truncation and length, handed to the `_scored` call it belongs to; a returned inf/NaN is an error, or scored 0
    and counted (`trainer/reward_checks.py`).
 2. `_generate_and_score_completions`: the **rollout correction** toward the generator replaces TRL's
@@ -59,20 +59,19 @@ from ..eval import model_card
 from ..eval.evaluation import group_pass_at_k, read_summary as read_eval_summary
 from ..generation.overlap import OverlappedRollouts
 from ..generation.vllm_generation import generation_backend
-from ..recipe import stages
 from ..recipe.advantages import leave_group_statistics, zero_truncated
 from ..recipe.entropy import AdaptiveEntropyController, StepWindow
 from ..recipe.loss import Normaliser, magic_loss, sampled_token_entropy, selected_normaliser
 from ..recipe.prompts import PromptSchedule
-from ..recipe.rejection import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY, count_kept, loss_mask, reject, row_gathers_padded
-from ..recipe.rollout import Rollout, row_facts, scalar_rewards
+from ..recipe.rejection import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY, count_kept, loss_mask, reject
 from ..recipe.rollout_correction import RolloutCorrection
-from . import attention_guard, checkpoint, sharding
+from . import attention_guard, checkpoint, sharding, stage_run
 from .logprobs import resolve_logprob_backend, use_logprob_backend
 from .observability import RunWatch, accuracy_metrics, stage_loop_end
 from .or1_config import OR1Config, check_liger_layer_kernels
 from .packing import check_model_attention, check_packable, packed_pass
 from .reward_checks import record_abstentions, screen_rewards
+from .rollout_record import Rollout, row_facts, scalar_rewards
 
 logger = logging.get_logger(__name__)
 
@@ -143,7 +142,7 @@ class OR1Trainer(GRPOTrainer):
         self.logprob_backend = "trl"  # resolved for the device and model below, once the model is loaded
         # What the trainer trains on, and when (§3.1, §3.2.2): the prompt schedule and the stages, checked here.
         self.prompt_schedule, train_dataset = prompt_schedule(args, train_dataset)
-        self._stages = stages.StageRun(args.stage_list, args, args.world_size,
+        self._stages = stage_run.StageRun(args.stage_list, args, args.world_size,
                                        len(self.prompt_pool) if self.prompt_schedule else 0)
         sharding.check_before_loading(args, self._stages.shapes)  # what DeepSpeed cannot run
         # vLLM server mode: TRL's NCCL weight transfer, or safetensors through a shared directory (disk_sync.py).
@@ -301,7 +300,7 @@ class OR1Trainer(GRPOTrainer):
         # Compacted ranks hold different row counts: this trainer's `accelerator.gather` NaN-pads TRL's per-row
         # metric gathers while TRL's loss runs (an instance attribute, removed on exit; other trainers untouched).
         compact = mode == "train" and self.args.rejection_sampling == "compact"
-        with row_gathers_padded(self.accelerator, active=compact):
+        with sharding.row_gathers_padded(self.accelerator, active=compact):
             trl_loss = super()._compute_loss(model, {**inputs, "tool_mask": mask})
         policy_pass, self._policy_pass = self._policy_pass, None
         logps, entropies, aux_loss = policy_pass["outputs"]  # [b, T], [b, T], scalar
@@ -399,7 +398,7 @@ class OR1Trainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         checkpoint.save_complete(self, lambda: super(OR1Trainer, self)._save_checkpoint(model, trial), trial)
 
-    # --- 0. Stages (§3.2.2, `stages.py`) over the prompt schedule (§3.1, `prompts.py`)
+    # --- 0. Stages (§3.2.2, `stage_run.py`) over the prompt schedule (§3.1, `prompts.py`)
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
         """`Trainer.train` from complete checkpoints only (`checkpoint.py`; a previous run's `output_dir` needs
         `resume_from_checkpoint` or `overwrite_output_dir=True`), over every stage of `OR1Config.stages`: one pass of
@@ -445,7 +444,7 @@ class OR1Trainer(GRPOTrainer):
         sharding.enter_stage(self, shape)  # DeepSpeed: an engine built for the stage's batch shape
         self.prompt_schedule.enter_stage(index, shape.start_step, shape.batch_size, self.args.online_filter_threshold,
                                          self.args.online_filter_unsolved_after, warn=self._warn)
-        if stages.apply_to_trainer(self, shape):  # log-probs are taken at the sampling temperature: re-patch the head
+        if stage_run.apply_to_trainer(self, shape):  # log-probs are taken at the sampling temperature: re-patch the head
             self._use_logprob_backend(shape.temperature)
         self._step, self._buffered_inputs = 0, None  # TRL's generation counter restarts with the new shape
         if self._overlap is not None:  # the rollout in flight had the previous stage's shape: discarded
@@ -461,7 +460,7 @@ class OR1Trainer(GRPOTrainer):
     def _load_optimizer_and_scheduler(self, checkpoint_folder):
         super()._load_optimizer_and_scheduler(checkpoint_folder)  # TRL restores the controller
         if self._stages.current is not None and checkpoint_folder is not None:
-            stages.set_base_learning_rate(self.optimizer, self.lr_scheduler, self._stages.current.learning_rate)
+            stage_run.set_base_learning_rate(self.optimizer, self.lr_scheduler, self._stages.current.learning_rate)
 
     # --- Pre-flight and the model card
     def _check_prompt_lengths(self) -> None:
