@@ -129,7 +129,8 @@ def concat_batches(first: dict[str, Any], second: dict[str, Any], pad_token_id: 
     """Join two of TRL's rollout batches row-wise (refill rounds): prompts left-padded, completions right-padded to
     the longer of the two. Batch-level scalars (`num_items_in_batch`) are left to the caller to recount."""
     out = {}
-    for key in [*first, *(k for k in second if k not in first)]:  # first's order: TRL sizes the batch by its first entry
+    # first's order: TRL sizes the batch by its first entry
+    for key in [*first, *(k for k in second if k not in first)]:
         a, b = first.get(key), second.get(key)
         if a is None or b is None or (isinstance(a, torch.Tensor) and a.ndim == 0):
             out[key] = a if b is None or (isinstance(a, torch.Tensor) and a.ndim == 0) else b
@@ -148,8 +149,8 @@ def concat_batches(first: dict[str, Any], second: dict[str, Any], pad_token_id: 
             out[key] = torch.cat([pad(a), pad(b)])
         else:
             raise ValueError(
-                f"Cannot join rollout batches with entry {key!r} (multimodal inputs): rejection_refill_rounds supports "
-                "text-only batches."
+                f"Cannot join rollout batches with entry {key!r} (multimodal inputs): rejection_refill_rounds "
+                "supports text-only batches."
             )
     return out
 

@@ -150,16 +150,17 @@ def stage_shape(
     G, batch, mini = values["num_generations"], values["batch_size"], values["mini_batch_size"]
     where = f"stages[{index}]"
     if G < 2:
-        raise ValueError(f"{where}: num_generations={G}; group-relative advantages need at least 2 samples per prompt.")
+        raise ValueError(f"{where}: num_generations={G}; group-relative advantages need at least 2 samples per "
+                         "prompt.")
     if batch % mini:
         raise ValueError(
-            f"{where}: batch_size={batch} prompts per rollout must be a multiple of mini_batch_size={mini} prompts per "
-            "optimizer step (N_SGD = batch_size / mini_batch_size optimizer steps per rollout)."
+            f"{where}: batch_size={batch} prompts per rollout must be a multiple of mini_batch_size={mini} prompts "
+            "per optimizer step (N_SGD = batch_size / mini_batch_size optimizer steps per rollout)."
         )
     if (mini * G) % rows_per_micro_step:
         raise ValueError(
-            f"{where}: mini_batch_size × num_generations = {mini} × {G} = {mini * G} rows per optimizer step must be a "
-            f"multiple of per_device_train_batch_size × processes = {rows_per_micro_step} rows per micro-step."
+            f"{where}: mini_batch_size × num_generations = {mini} × {G} = {mini * G} rows per optimizer step must be "
+            f"a multiple of per_device_train_batch_size × processes = {rows_per_micro_step} rows per micro-step."
         )
     return StageShape(
         index=index,

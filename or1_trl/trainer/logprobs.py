@@ -185,7 +185,8 @@ def resolve_logprob_backend(requested: str, model, device: torch.device) -> tupl
     problem = _liger_cannot_run(model, device)
     if requested == "liger":
         if problem is not None:
-            raise ValueError(f"logprob_backend='liger' cannot run here: {problem}. Use logprob_backend 'trl' or 'auto'.")
+            raise ValueError(f"logprob_backend='liger' cannot run here: {problem}. Use logprob_backend 'trl' or "
+                             "'auto'.")
         return "liger", "requested"
     if problem is not None:
         return "trl", f"auto: {problem}"

@@ -87,8 +87,9 @@ def check_backend(trainer) -> None:
     if line is None:
         return
     if trainer.args.sharding_fallback == "error":
-        raise ValueError(f"{line} Set sharding_fallback='allow' to train with {trainer.accelerator.distributed_type.value} "
-                         "anyway, or launch where the asked backend runs.")
+        raise ValueError(f"{line} Set sharding_fallback='allow' to train with "
+                         f"{trainer.accelerator.distributed_type.value} anyway, or launch where the asked backend "
+                         "runs.")
     if trainer.accelerator.is_main_process:
         logger.warning(f"{line} Training with it (sharding_fallback='allow').")
 
@@ -119,7 +120,8 @@ class UpdateSkip(TrainerCallback):
 
     def skip(self) -> None:
         """Skip the update of the step whose last micro-step is running (call it before that micro-step's backward)."""
-        self.trainer.accelerator.gradient_state._set_sync_gradients(False)  # no DeepSpeed engine step, no optimizer step
+        # no DeepSpeed engine step, no optimizer step
+        self.trainer.accelerator.gradient_state._set_sync_gradients(False)
         _mark_skipped(self.trainer.optimizer, True)  # transformers then leaves the LR scheduler alone
         self.skipping = True
 
@@ -193,9 +195,9 @@ def checkpoint_layout(accelerator) -> list[str]:
 
 #: Bytes of training state per parameter on each of `n` GPUs, bf16 compute with fp32 AdamW, as the ZeRO paper counts
 #: them (Rajbhandari et al. 2020, §3.1): bf16 weights 2 and gradients 2, fp32 master weights and Adam's two moments
-#: 12 (K = 12). DDP keeps all of it on every GPU; ZeRO-2 shards the gradients and the 12; ZeRO-3 everything. FSDP2 under
-#: accelerate's bf16 keeps the parameters, gradients and moments in fp32, sharded (4 + 4 + 8), and casts a unit to bf16
-#: while it computes (`gathered_gb`).
+#: 12 (K = 12). DDP keeps all of it on every GPU; ZeRO-2 shards the gradients and the 12; ZeRO-3 everything. FSDP2
+#: under accelerate's bf16 keeps the parameters, gradients and moments in fp32, sharded (4 + 4 + 8), and casts a unit
+#: to bf16 while it computes (`gathered_gb`).
 STATE_BYTES = {
     "ddp": lambda n: 2 + 2 + 12,
     "zero2": lambda n: 2 + (2 + 12) / n,
@@ -226,7 +228,8 @@ def gathered_gb(backend: str, embeddings: int, layer: int) -> float:
 
 @contextmanager
 def row_gathers_padded(accelerator, active: bool = True):
-    """While open (and `active`), `accelerator.gather` NaN-pads floating per-row tensors to the longest rank's row count first.
+    """While open (and `active`), `accelerator.gather` NaN-pads floating per-row tensors to the longest rank's row
+    count first.
 
     After `"compact"` the ranks hold different numbers of rows, but TRL's `_compute_loss` gathers two per-row
     metrics (`clip_ratio/low_min`, `clip_ratio/high_max`) with a plain all-gather, which needs equal shapes: with

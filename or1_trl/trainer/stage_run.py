@@ -23,7 +23,8 @@ def set_base_learning_rate(optimizer, scheduler, learning_rate: float) -> None:
     if all(group.get("initial_lr") == learning_rate for group in groups):
         return
     if not hasattr(scheduler, "lr_lambdas"):
-        raise ValueError(f"A stage learning_rate needs a LambdaLR schedule (transformers' own); got {type(scheduler)}.")
+        raise ValueError("A stage learning_rate needs a LambdaLR schedule (transformers' own); got "
+                         f"{type(scheduler)}.")
     scheduler.base_lrs = [learning_rate] * len(groups)
     for group, factor in zip(groups, scheduler.lr_lambdas):
         group["initial_lr"] = learning_rate
