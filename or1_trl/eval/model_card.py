@@ -214,6 +214,25 @@ def write_section(card_path: str, section: str) -> None:
         f.write(insert_section(card, section))
 
 
+def write_for_trainer(trainer, dataset_name: str | None, stage_shapes=()) -> None:
+    """The OR1 section (`or1_section`) of the card TRL wrote for `trainer` (an `OR1Trainer`) into its
+    `output_dir/README.md`: its config, state, base model, train dataset and stages, and the eval results found in
+    `output_dir/eval` (`or1-trl eval --model <output_dir>`)."""
+    from datasets import Dataset  # the trainer's libraries, loaded by the trainer already
+    from trl.trainer.utils import get_config_model_id
+
+    from .evaluation import read_summary
+
+    args, train_dataset = trainer.args, trainer.train_dataset
+    section = or1_section(
+        args, trainer.state,
+        base_model=get_config_model_id(trainer.accelerator.unwrap_model(trainer.model).config) or None,
+        dataset_name=dataset_name,
+        num_prompts=len(train_dataset) if isinstance(train_dataset, Dataset) else None,
+        eval_summary=read_summary(os.path.join(args.output_dir, EVAL_SUBDIR)), stage_shapes=stage_shapes)
+    write_section(os.path.join(args.output_dir, "README.md"), section)
+
+
 def update_eval_block(card_path: str, summary: Mapping) -> bool:
     """Refresh the evaluation block of an OR1 card in place (what `or1-trl eval` does for a trained output dir).
     False when `card_path` is not an OR1 card."""

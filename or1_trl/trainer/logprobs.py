@@ -111,7 +111,7 @@ class LigerLogProbFunction:
             hidden.to(dtype),
             weight.to(dtype),
             targets,
-            temperature / logit_scale,
+            temperature=temperature / logit_scale,
             compute_entropy="entropy" in outputs,
             tokens_per_call=None if device.type == "cuda" else CPU_TOKENS_PER_CALL,
         )

@@ -429,6 +429,30 @@ class RunWatch:
         skipped-step warning for the step's `rollout` (`trainer/rollout_record.Rollout`), those that are due."""
         return self.entropy.end_step(coef, reduce) + self.skipped.observe(rollout.skip_update, rollout.outcomes)
 
+    def log_loss(self, metrics: dict[str, list], gather: Callable, policy_loss: torch.Tensor, alpha: float,
+                 entropies: torch.Tensor, mask: torch.Tensor, training: bool) -> None:
+        """A micro-step's loss metrics besides TRL's into `metrics` (the trainer's lists of the mode): α, the policy
+        loss over ranks (`gather`), and while training the rows forwarded and the entropy watch's input; TRL's
+        `entropy` NaN where no rank kept a token. `entropies`, `mask`: `[b, T]`."""
+        losses, kept = gather(torch.stack([policy_loss.float(), mask.sum()])[None]).T  # [ranks] each
+        if not kept.sum().item():  # no kept token on any rank: TRL's 0.0 `entropy` measured nothing; NaN: not logged
+            metrics["entropy"][-1] = float("nan")
+        metrics["entropy/alpha"].append(alpha)
+        metrics["entropy/active"].append(float(alpha != 0.0))
+        metrics["policy_loss"].append(losses.nanmean().item())
+        if training:
+            metrics["rejection/rows_forwarded"].append(float(mask.size(0)))
+            self.entropy.add(entropies.detach(), mask)  # summed over ranks once, at the step's end
+
     def timed(self, phase: str, training: bool):
         """Charge the block to `phase` of the step's time split (training only: evaluation counts as "other")."""
         return self.timer.phase(phase) if training else nullcontext()
+
+
+def changed_defaults(args) -> list[str]:
+    """The line that says which defaults `OR1Config` (the MAGIC recipe) changes of `GRPOConfig`'s, or none."""
+    changed = args.changed_defaults()
+    if not changed:
+        return []
+    return ["OR1Config runs the MAGIC recipe; these defaults differ from GRPOConfig's (set them to change): "
+            + ", ".join(f"{name}={value!r} (GRPOConfig: {trl!r})" for name, value, trl in changed)]

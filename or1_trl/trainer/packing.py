@@ -105,7 +105,7 @@ def build_pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list
         ids[r, :n] = flat_ids[source]
         labels[r, :n] = flat_ids[source].masked_fill(~scored[source % width], -100)
         real[r, :n] = True
-    return Pack(ids, positions, labels, real, torch.cat(sources))
+    return Pack(input_ids=ids, position_ids=positions, labels=labels, real=real, source=torch.cat(sources))
 
 
 def packed_logps_and_entropies(
@@ -140,7 +140,7 @@ def packed_logps_and_entropies(
     checkpointed = recompute and torch.is_grad_enabled() and len(plan) > 1
     out_logps, out_entropies, sources, slots, idle = [], [], [], 0, []
     for number, rows in enumerate(plan):
-        pack = build_pack(input_ids, attention_mask, rows or [[0]], logits_to_keep)
+        pack = build_pack(input_ids, attention_mask, rows=rows or [[0]], logits_to_keep=logits_to_keep)
         if checkpointed and number < len(plan) - 1:
             pack_logps, pack_entropies = torch.utils.checkpoint.checkpoint(
                 recomputed_forward or forward, pack, use_reentrant=False)
@@ -246,7 +246,7 @@ def packed_pass(model, accelerator, input_ids: torch.Tensor, attention_mask: tor
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=True)
     return packed_logps_and_entropies(
         fused_head_forward(model if torch.is_grad_enabled() else unwrapped, accelerator.autocast),
-        input_ids, attention_mask, logits_to_keep, budget, compute_entropy,
-        one_row_per_forward(unwrapped.config._attn_implementation),
-        fused_head_forward(unwrapped, accelerator.autocast),
-        same_forward_count(accelerator), recompute=not _zero3(accelerator))
+        input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep, budget=budget,
+        compute_entropy=compute_entropy, one_row=one_row_per_forward(unwrapped.config._attn_implementation),
+        recomputed_forward=fused_head_forward(unwrapped, accelerator.autocast),
+        forwards=same_forward_count(accelerator), recompute=not _zero3(accelerator))

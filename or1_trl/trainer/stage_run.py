@@ -9,11 +9,17 @@ loop resumed from.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from transformers import TrainerCallback
+from transformers import trainer as hf_trainer
+from transformers.trainer_callback import TrainerState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..recipe.stages import Stage, StageShape, check_fits_vllm, stage_index, stage_shapes
+from . import checkpoint, sharding
+from .observability import stage_loop_end
 
 
 def set_base_learning_rate(optimizer, scheduler, learning_rate: float) -> None:
@@ -104,7 +110,8 @@ class StageRun:
 
     def __init__(self, stages: list[Stage], args=None, num_processes: int = 1, pool_size: int = 0):
         self.stages = stages
-        self.shapes: list[StageShape] = plan(stages, args, num_processes, pool_size) if stages else []
+        self.shapes: list[StageShape] = (plan(stages, args, num_processes=num_processes, pool_size=pool_size)
+                                         if stages else [])
         self.current: StageShape | None = None
         self.resumed_from: str | None = None
 
@@ -142,3 +149,38 @@ class StageRun:
         skipping path, so a resumed run samples what the uninterrupted did."""
         folder, self.resumed_from = self.resumed_from, None
         return folder
+
+    def start(self, trainer, index: int, warn: Callable[[str], None], repatch: Callable[[float], None]) -> None:
+        """Make stage `index` current on `trainer`: DeepSpeed's engine for its batch shape (`sharding.enter_stage`),
+        the prompt schedule's stage entry (the online filter; `warn` says what it removed), then the shape on TRL's
+        config, the trainer and its generator (`apply_to_trainer`); a new temperature calls `repatch(temperature)`."""
+        shape = self.enter(index)
+        sharding.enter_stage(trainer, shape)
+        args = trainer.args
+        trainer.prompt_schedule.enter_stage(index, start_step=shape.start_step, batch_size=shape.batch_size,
+                                            threshold=args.online_filter_threshold,
+                                            unsolved_after=args.online_filter_unsolved_after, warn=warn)
+        if apply_to_trainer(trainer, shape):
+            repatch(shape.temperature)
+
+    def walk(self, trainer, folder: str | None, train_pass: Callable, enter_stage: Callable[[int], None]):
+        """Train from the checkpoint `folder` (`None`: a fresh start) to the run's end, OR1's state loaded from each
+        checkpoint first (`checkpoint.load_or1_state`). Without stages: one pass of transformers' loop
+        (`train_pass(folder)`). With stages: from the stage of `folder`'s step (`enter_stage(index)`), one pass per
+        stage, each ending with the checkpoint the next starts from; trackers stay open across the passes. Returns
+        the last pass's output (a callback that stops training early ends the walk)."""
+        while True:
+            if folder is not None:
+                checkpoint.load_or1_state(trainer, folder)
+            if not self:
+                return train_pass(folder)
+            step = 0 if folder is None else TrainerState.load_from_json(
+                os.path.join(folder, hf_trainer.TRAINER_STATE_NAME)).global_step
+            enter_stage(self.index_at(step))
+            final, self.resumed_from = self.current.until_step >= trainer.args.max_steps, folder
+            with stage_loop_end(trainer.callback_handler, final):
+                output = train_pass(folder)
+            if final or trainer.state.global_step < self.current.until_step:  # done, or a callback stopped it
+                return output
+            trainer.accelerator.wait_for_everyone()
+            folder = os.path.join(trainer.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}")
