@@ -5,17 +5,15 @@ pool over the train dataset (`prompt_schedule`), and the prompts against the con
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from datasets import Dataset
-from transformers.utils import logging
 
 from ..data.preflight import check_datasets, check_prompts_fit
 from ..recipe.prompts import PromptSchedule
 from . import checkpoint
 from .or1_config import OR1Config, check_liger_layer_kernels
 from .packing import check_model_attention
-
-logger = logging.get_logger(__name__)
 
 INDEX_COLUMN = "or1_index"  # added to the train dataset: the row's index, for per-prompt statistics
 
@@ -46,12 +44,11 @@ def keep_last_tokens(prompt_ids: list[list[int]], limit: int | None) -> list[lis
     return prompt_ids if limit is None else [ids[-limit:] for ids in prompt_ids]
 
 
-def check_prompt_lengths(trainer, tokenize, completion_length: int) -> None:
+def check_prompt_lengths(trainer, tokenize, completion_length: int, warn: Callable[[str], None]) -> None:
     """Prompts that do not fit the context left by `completion_length` (the longest stage's), by TRL's own tokenisation
     (`tokenize`: TRL's `_tokenize_prompts` without the trainer's left truncation): an error with OR1's recipe, else a
-    warning (`data/preflight.check_prompts_fit`)."""
+    warning given to `warn` (`data/preflight.check_prompts_fit`)."""
     args = trainer.args
-    main = trainer.accelerator.is_main_process
     check_prompts_fit(
         trainer.train_dataset, trainer.eval_dataset,
         tokenize=lambda batch: tokenize(batch)[0],
@@ -60,6 +57,6 @@ def check_prompt_lengths(trainer, tokenize, completion_length: int) -> None:
         max_prompt_length=args.max_prompt_length,
         vllm_max_model_length=args.vllm_max_model_length if trainer.use_vllm else None,
         strict=args.recipe == "magic",
-        warn=logger.warning if main else lambda message: None,
+        warn=warn,
         is_vlm=trainer._is_vlm,
         tokenised_elsewhere=trainer.rollout_func is not None or trainer.environment_factories is not None)

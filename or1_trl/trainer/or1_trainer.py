@@ -125,7 +125,7 @@ class OR1Trainer(GRPOTrainer):
         logger.info(f"Log-probs and entropies: logprob_backend={self.logprob_backend!r} ({why}).")
         self._use_logprob_backend()
         attention_guard.guard(args.cudnn_sdpa_guard, policy, announce=self.accelerator.is_main_process)
-        check_prompt_lengths(self, super()._tokenize_prompts, completion_length=max(
+        check_prompt_lengths(self, super()._tokenize_prompts, warn=self._warn, completion_length=max(
             [args.max_completion_length] + [shape.max_completion_length for shape in self._stages.shapes]))
         self._watch = RunWatch(args)  # the time split, final trainer_state.json, entropy and skip warnings
         self.update_skip = sharding.attach(self)  # the backend asked for, or one line; skipped updates (`sharding.py`)
