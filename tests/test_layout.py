@@ -260,7 +260,6 @@ TESTED_IN = {
     "or1_trl/generation/vllm_ext/or1_private.py": "tests/generation/test_server_access.py",
     "or1_trl/generation/vllm_generation.py": "tests/generation/test_disk_sync.py",  # the trainer's disk sync
     "or1_trl/generation/vllm_client.py": "tests/generation/test_server_health.py",  # retries, the watch, the key
-    "or1_trl/trainer/inputs.py": "tests/data/test_preflight.py",  # the trainer's pre-flight, with the data checks
     "or1_trl/cli/model.py": "tests/test_models.py",  # `or1-trl model smollm2`
     "or1_trl/cli/real_demo.py": "tests/cli/test_demo.py",  # `or1-trl demo --model smollm2`
     **{f"or1_trl/cli/{name}.py": "tests/cli/test_commands.py" for name in (
