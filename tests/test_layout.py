@@ -8,6 +8,8 @@ submodule `x` when there is one, otherwise of the package. A circle is reported 
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import or1_trl
 
@@ -159,12 +161,93 @@ def test_no_import_runs_up_the_layers():
     assert layering_breaks(graph) == []
 
 
+#: What `recipe/` may import besides the standard library and itself (issue 46.3): the paper's pieces are functions of
+#: tensors, testable without a trainer; whatever drives a trainer, an accelerator or a server lives in `trainer/`.
+RECIPE_MAY_IMPORT = {"torch", "numpy"}
+
+
+def impure_imports(path: str, source: str) -> list[str]:
+    """Every import of `source` (a module of `recipe/`) beyond the standard library, `RECIPE_MAY_IMPORT` and a relative
+    import within its own package, as `path (line N) imports name`."""
+    found = []
+    for node in _imports(ast.parse(source, path)):
+        level = getattr(node, "level", 0)  # `from .ranges import ...` (level 1): recipe/ itself
+        if level == 1:
+            continue
+        names = [alias.name for alias in node.names] if level == 0 and isinstance(node, ast.Import) else [
+            "." * level + (node.module or "")]
+        for name in names:
+            top = name.split(".")[0]
+            if level > 1 or (top not in sys.stdlib_module_names and top not in RECIPE_MAY_IMPORT):
+                found.append((node.lineno, f"{path} (line {node.lineno}) imports {name}"))
+    return [text for _, text in sorted(found)]
+
+
+def test_impure_imports_sees_a_library_and_a_way_out():
+    source = ("from __future__ import annotations\nimport math\nimport torch\nfrom .ranges import FIELD_RANGES\n"
+              "from transformers import TrainerCallback\ndef f():\n    from ..trainer import sharding\n")
+    assert impure_imports("r.py", source) == ["r.py (line 5) imports transformers", "r.py (line 7) imports ..trainer"]
+
+
+def test_recipe_imports_only_the_standard_library_torch_and_numpy():
+    found = []
+    for path in sorted((PACKAGE / "recipe").rglob("*.py")):
+        found += impure_imports(path.relative_to(ROOT).as_posix(), path.read_text())
+    assert found == []
+
+
+#: Names that build (or run) a training run: a test that uses one tests the trainer, not a recipe piece alone.
+TRAINER_NAMES = {"OR1Trainer", "GRPOTrainer", "or1_trainer", "grpo_trainer"}
+
+
+def trainer_helpers() -> set[str]:
+    """The helpers of `tests/helpers.py` that build, launch or read a trainer: they name `OR1Trainer` /
+    `GRPOTrainer`, take a `trainer`, or say `trainer` in their name (`tied_trainer`, `two_trainer_processes`)."""
+    tree = ast.parse((ROOT / "tests" / "helpers.py").read_text())
+    helpers = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            parameters = {a.arg for a in node.args.args} if isinstance(node, ast.FunctionDef) else set()
+            if names & TRAINER_NAMES or "trainer" in parameters or "trainer" in node.name.lower():
+                helpers.add(node.name)
+    return helpers
+
+
+def trainer_uses(source: str, helpers: set[str]) -> list[str]:
+    """The names of `TRAINER_NAMES` and of `helpers` that `source` imports or uses, with their lines."""
+    found = {}
+    for node in ast.walk(ast.parse(source)):
+        names = ([alias.name for alias in node.names] + ([node.module] if getattr(node, "module", None) else [])
+                 if isinstance(node, (ast.Import, ast.ImportFrom))
+                 else [node.id] if isinstance(node, ast.Name) else [node.attr] if isinstance(node, ast.Attribute) else [])
+        for name in names:
+            if name.rpartition(".")[2] in TRAINER_NAMES | helpers:
+                found[node.lineno, name] = f"line {node.lineno}: {name}"
+    return [found[key] for key in sorted(found)]
+
+
+def test_trainer_uses_sees_the_trainer_and_its_helpers():
+    assert {"logged", "tied_trainer", "two_trainer_processes", "gathered_state"} <= trainer_helpers()
+    assert not {"tagged_dataset", "fixed_batch", "reference_eq_3_2"} & trainer_helpers()
+    source = ("from or1_trl import OR1Config\nfrom ..helpers import fixed_batch, logged\n"
+              "import or1_trl.trainer.or1_trainer\n")
+    assert trainer_uses(source, trainer_helpers()) == ["line 2: logged", "line 3: or1_trl.trainer.or1_trainer"]
+
+
+def test_recipe_tests_build_no_trainer():
+    """`tests/recipe/` tests the paper's pieces alone (issue 46.3); a test that trains is in `tests/trainer/`."""
+    helpers = trainer_helpers()
+    found = {path.relative_to(ROOT).as_posix(): trainer_uses(path.read_text(), helpers)
+             for path in sorted((ROOT / "tests" / "recipe").rglob("*.py"))}
+    assert {path: uses for path, uses in found.items() if uses} == {}
+
+
 #: Modules whose tests are not in `tests/<package>/test_<module>.py`, and the test files that hold them.
 TESTED_IN = {
     "or1_trl/files.py": "tests/trainer/test_checkpoint.py",  # atomic writes: the checkpoints' kill tests
     "or1_trl/paths.py": "tests/cli/test_errors.py",  # path checks: one-line errors before anything loads
     "or1_trl/testing.py": "tests/cli/test_demo.py",  # the tiny model every test builds; the demo trains it
-    "or1_trl/recipe/rollout.py": "tests/trainer/test_or1_trainer.py",  # the record passed from hook to hook
     "or1_trl/rewards/columns.py": "tests/data/test_released.py",
     "or1_trl/rewards/mixed.py": "tests/data/test_preflight.py",  # one verifier per row
     "or1_trl/rewards/sandbox/driver.py": "tests/rewards/sandbox/test_runner.py",
@@ -217,9 +300,10 @@ def _own_private_attributes(tree: ast.AST) -> set[str]:
 
 
 def test_the_trainer_stays_thin():
-    """Issue 33: `OR1Trainer` is the paper wired into TRL's hooks, its state owned by the components it calls:
-    `or1_trainer.py` at most 500 lines, `__init__` at most 45, at most 10 private attributes of its own (TRL's and
-    transformers', which it only sets again, do not count)."""
+    """Issues 33 and 46: `OR1Trainer` is the paper wired into TRL's hooks, its state owned by the components it calls:
+    `or1_trainer.py` at most 450 lines of at most 119 characters (`test_the_package_keeps_to_119_characters`),
+    `__init__` at most 45, at most 10 private attributes of its own (TRL's and transformers', which it only sets
+    again, do not count)."""
     import inspect
 
     from transformers import Trainer
@@ -234,8 +318,42 @@ def test_the_trainer_stays_thin():
     for base in (GRPOTrainer, Trainer):
         inherited |= _own_private_attributes(ast.parse(inspect.getsource(inspect.getmodule(base))))
     own = sorted(_own_private_attributes(trainer) - inherited)
-    assert len(source.splitlines()) <= 500
+    assert len(source.splitlines()) <= 450
     assert init.end_lineno - init.lineno + 1 <= 45
     assert len(own) <= 10, own
     example = "self._a = 1\nself._b, x = 2, 3\nself.c = 4\nother._d = 5"
     assert _own_private_attributes(ast.parse(example)) == {"_a", "_b"}
+
+
+def test_the_package_keeps_to_119_characters():
+    """Issue 46.2: TRL's line length, checked by TRL's linter (ruff, `[tool.ruff]` in pyproject.toml)."""
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--select", "E501", "--output-format", "concise",
+                             "or1_trl"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+#: Callees that take positional arguments only (torch's autograd `Function.apply`, `types.FunctionType`), and
+#: `super().__init__`, which passes the caller's positional arguments on to TRL as they came (`*rest`).
+POSITIONAL_ONLY = {"apply", "FunctionType", "__init__"}
+
+
+def positional_calls(source: str, limit: int = 3) -> list[str]:
+    """Calls in `source` with more than `limit` positional arguments, as `line N: callee(k)`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            count = sum(not isinstance(argument, ast.Starred) for argument in node.args)
+            name = ast.unparse(node.func)
+            if count > limit and name.rpartition(".")[2] not in POSITIONAL_ONLY:
+                found.append((node.lineno, f"line {node.lineno}: {name}({count})"))
+    return [text for _, text in sorted(found)]
+
+
+def test_the_trainer_calls_by_keyword():
+    """Issue 46.2: in `trainer/`, a call with more than three arguments names them (a reader sees what
+    `self.args.steps_per_generation` is to the callee without opening it)."""
+    assert positional_calls("f(a, b, c)\ng(a, b, c, d)\ng(a, b, c=c, d=d)\nx.apply(a, b, c, d)\n") == [
+        "line 2: g(4)"]
+    found = {path.name: calls for path in sorted((PACKAGE / "trainer").glob("*.py"))
+             if (calls := positional_calls(path.read_text()))}
+    assert found == {}

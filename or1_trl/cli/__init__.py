@@ -19,7 +19,8 @@ Each command is a module of this package, as TRL's scripts are (`trl/scripts/grp
 `command_parser`, `parse_command`), so `--config cmd.yaml` fills any flag from a YAML file (flags given on the command
 line win); then the library call that does the work (and writes the files): `run.build_trainer` /
 `run.train_and_save`, `demo.demo`, `prepare`, `difficulty`, `one_shot`, `evaluation`, `serve.serve`,
-`plot.plot_run`, `models.model_folder`. `examples/train_or1.py` is the same training entry point for `accelerate launch`.
+`plot.plot_run`, `models.model_folder`. `examples/train_or1.py` is the same training entry point for `accelerate
+launch`.
 
 Errors: a wrong input ends the command with exit status 2 and one line `or1-trl CMD: error: WHAT` under a short usage
 line, before the model loads where the input allows it (`parsing.py`). `OR1_DEBUG=1` (or `or1-trl --debug CMD`)
@@ -54,10 +55,10 @@ from .train import ScriptArguments, train, train_parser
 
 __all__ = [
     "COMMANDS", "DEBUG_ENV", "EVAL_PRESETS", "TRL_REWARD_NAMES", "Command", "DemoArguments", "DifficultyArguments",
-    "EvalArguments", "ModelArguments", "PlotArguments", "PrepareArguments", "ScriptArguments", "SelectExamplesArguments",
-    "ServeArguments", "ShortUsageErrors", "build_parser", "demo", "difficulty", "evaluate_command", "input_errors",
-    "main", "model", "model_path_problem", "parse_command", "plot", "prepare", "resolve_reward_funcs", "select_examples", "serve",
-    "short_usage", "train", "train_parser",
+    "EvalArguments", "ModelArguments", "PlotArguments", "PrepareArguments", "ScriptArguments",
+    "SelectExamplesArguments", "ServeArguments", "ShortUsageErrors", "build_parser", "demo", "difficulty",
+    "evaluate_command", "input_errors", "main", "model", "model_path_problem", "parse_command", "plot", "prepare",
+    "resolve_reward_funcs", "select_examples", "serve", "short_usage", "train", "train_parser",
 ]
 
 
@@ -74,7 +75,8 @@ class Command:
 
 COMMANDS: list[Command] = [
     Command("train", "train with the MAGIC recipe (TRL's flags, --config recipe.yaml)", train, train_parser),
-    Command("demo", "the offline demo: a tiny model learns small additions on CPU (about a minute)", demo, demo_parser),
+    Command("demo", "the offline demo: a tiny model learns small additions on CPU (about a minute)", demo,
+            demo_parser),
     Command("serve", "start a vLLM server to generate on (vllm_mode='server'; weight sync nccl or disk)", serve,
             serve_parser),
     Command("prepare", "prepare training data: de-duplicate, drop figures/URLs, decontaminate, re-verify (§6.1)",

@@ -107,12 +107,14 @@ def closing_lines(output_dir: str, step: int, max_steps: int, seconds: float | N
         f"  {'trainer_state.json':<26}  every logged metric",
         "Next:",
         f"  or1-trl eval --model {output_dir} --benchmarks {benchmark or 'TEST.jsonl'}   ("
-        + ("the training file; better a held-out one in its format" if benchmark else "a held-out file in the training "
+        + ("the training file; better a held-out one in its format" if benchmark
+           else "a held-out file in the training "
            "format") + ", or aime24 aime25 math500)",
         f"  or1-trl plot {output_dir}   (entropy, accuracy, time split, prompt pool as PNGs)",
     ]
     lines.append(f"  pushed to the Hub: {pushed_to}" if pushed_to else
-                 "  to the Hub: the same command with --push_to_hub true --hub_model_id NAME, or trainer.push_to_hub()")
+                 "  to the Hub: the same command with --push_to_hub true --hub_model_id NAME, or "
+                 "trainer.push_to_hub()")
     return lines
 
 
@@ -196,7 +198,8 @@ def console_output(args, trainer=None):
     with `trainer`, `TiedKeysExplained` on transformers' trainer logger. All undone on exit."""
     main = args.process_index == 0
     name = args.log_level if main else args.log_level_replica
-    # transformers' level names are Python's ("debug" ... "critical"), and "passive": ours show INFO on the main process
+    # transformers' level names are Python's ("debug" ... "critical"), and "passive": ours show INFO on the main
+    # process
     level = getattr(logging, name.upper()) if name != "passive" else (logging.INFO if main else logging.WARNING)
     package = logging.getLogger("or1_trl")
     handler = logging.StreamHandler(sys.stderr)

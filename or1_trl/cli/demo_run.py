@@ -3,7 +3,8 @@
 1. Build the tiny Qwen2 model and tokenizer (`or1_trl.testing`), no network.
 2. SFT warm-up (TRL's `SFTTrainer`, a few dozen steps) teaches the answer *format* `\\boxed{n}` — not yet the sums.
 3. `OR1Trainer` with the MAGIC defaults (rejection sampling, adaptive entropy control, token-level loss, τ = 1.0)
-   trains against the paper's Math-Verify reward (`or1_trl.rewards.math_reward`). Only the learning rate is raised: the paper's 1e-6 is for 7B models.
+   trains against the paper's Math-Verify reward (`or1_trl.rewards.math_reward`). Only the learning rate is raised: the
+   paper's 1e-6 is for 7B models.
 
 The demo starts over in its own output directory every time it runs, and says so when an earlier demo's run is
 there (`mark_demo_dir`): it is replaced (`OR1Config.overwrite_output_dir`), unlike `or1-trl train`, which refuses an
@@ -117,8 +118,8 @@ def check_demo_dir(output_dir: str) -> None:
     previous = previous_run(output_dir)
     if previous and not os.path.exists(os.path.join(output_dir, DEMO_MARK)):
         raise ValueError(
-            f"{output_dir} holds a training run that is not the demo's ({', '.join(previous[:3])}); the demo starts over "
-            "in its own directory every time, so it does not touch that one: pass another --output_dir."
+            f"{output_dir} holds a training run that is not the demo's ({', '.join(previous[:3])}); the demo starts "
+            "over in its own directory every time, so it does not touch that one: pass another --output_dir."
         )
 
 
@@ -173,7 +174,8 @@ def summary_line(rewards: list[float], window: int = 5) -> str:
     return f"OR1 demo: reward {first:.3f} -> {last:.3f}"
 
 
-def demo(output_dir: str = "outputs/or1-demo", seed: int = 0, max_steps: int = 150, sft_steps: int = 60) -> list[float]:
+def demo(output_dir: str = "outputs/or1-demo", seed: int = 0, max_steps: int = 150,
+         sft_steps: int = 60) -> list[float]:
     """`or1-trl demo`: `run_demo`, then (main process, once per run) where the outputs are and
     `OR1 demo: reward A -> B`. Returns the per-step mean rewards."""
     from accelerate import PartialState

@@ -31,7 +31,8 @@ class DifficultyArguments(BackendArguments, DatasetArguments):
         "help": "Verifier: by each row's ability (auto), or math / code for every row.",
         "choices": ["auto", "math", "code"]})
     prompt_column: str = field(default="prompt", metadata={"help": "Prompt column (plain datasets)."})
-    answer_column: str | None = field(default=None, metadata={"help": "Gold column of plain datasets (answer / tests)."})
+    answer_column: str | None = field(default=None,
+                                      metadata={"help": "Gold column of plain datasets (answer / tests)."})
 
     def __post_init__(self):
         check_at_least_one(self, "n_math", "n_code", "max_tokens")
@@ -61,7 +62,8 @@ def difficulty(argv: list[str] | None = None, prog: str | None = "or1-trl diffic
     with input_errors(parser):
         dataset = args.load()
     with input_errors(parser, prefix=f"dataset {args.dataset_name!r} "):  # rows that cannot be scored
-        training_dataset(dataset, reward=args.reward, prompt_column=args.prompt_column, answer_column=args.answer_column)
+        training_dataset(dataset, reward=args.reward, prompt_column=args.prompt_column,
+                         answer_column=args.answer_column)
     try:
         backend = args.make_backend()
         model_key = args.model_name or os.path.basename(str(args.model or backend.served_model()).rstrip("/"))

@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass, field
 
 from ..eval.evaluation import BENCHMARKS, DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TEMPLATE
-from .parsing import BackendArguments, check_at_least_one, check_output_dir, command_parser, input_errors, parse_command
+from .parsing import (BackendArguments, check_at_least_one, check_output_dir, command_parser, input_errors,
+                      parse_command)
 
 #: `--preset`: (temperature, top_p). The paper's (§8.1) is the default; open-r1's is offered, not preferred.
 EVAL_PRESETS = {"paper": (1.0, 1.0), "open-r1": (0.6, 0.95)}
@@ -29,14 +30,16 @@ class EvalArguments(BackendArguments):
         "or1-trl train reads it, is taken in that training format: its prompts as they are)."})
     answer_column: str | None = field(default=None, metadata={
         "help": "Column with the gold answer(s) (default: 'answer')."})
-    id_column: str | None = field(default=None, metadata={"help": "Column with a unique problem id (default: row index)."})
+    id_column: str | None = field(default=None,
+                                  metadata={"help": "Column with a unique problem id (default: row index)."})
     prompt_template: str | None = field(default=None, metadata={
         "help": "User message; {problem} is replaced by the problem (a problem that is a list of messages is sent as "
         "it is). Default: the problem, then 'Please reason step by step, and put your final answer within "
         "\\boxed{}.'; for a training-format file, the prompt alone."})
     no_chat_template: bool = field(default=False, metadata={
         "help": "Send the filled template as plain text instead of a chat turn (base models)."})
-    limit: int | None = field(default=None, metadata={"help": "Only the first N problems of each benchmark (smoke runs)."})
+    limit: int | None = field(default=None,
+                              metadata={"help": "Only the first N problems of each benchmark (smoke runs)."})
     n: int = field(default=32, metadata={"help": "Samples per problem (paper §8.1: 32 for AIME)."})
     k: list[int] | None = field(default=None, metadata={"help": "pass@k for these k (default: 1, 2, 4, ..., n)."})
     preset: str = field(default="paper", metadata={
@@ -100,8 +103,9 @@ class EvalArguments(BackendArguments):
         lines = []
         for name in training:
             turn = ("plain text (--no_chat_template), as or1-trl train sends a string prompt by default" if
-                    self.no_chat_template else "a user turn through the chat template, as or1-trl train --chat_prompts "
-                    "true trains on string prompts (--no_chat_template: plain text, as it does without)")
+                    self.no_chat_template else "a user turn through the chat template, as or1-trl train "
+                    "--chat_prompts true trains on string prompts (--no_chat_template: plain text, as it does "
+                    "without)")
             lines.append(f"{name}: the training format (a 'prompt' column, no 'problem'): each prompt is sent as it is"
                          + ("" if self.prompt_template else ", no instruction added (--prompt_template to add one)")
                          + f"; a string prompt as {turn}; a conversation as it is; the gold from 'answer' (or "
@@ -113,7 +117,8 @@ class EvalArguments(BackendArguments):
                 lines.append(f"max_tokens: {trained}, the completion length {self.model} was trained with (its model "
                              "card); --max_tokens to change.")
             elif training:
-                lines.append(f"max_tokens: {DEFAULT_MAX_TOKENS} (the paper's); --max_tokens to match your training run.")
+                lines.append(f"max_tokens: {DEFAULT_MAX_TOKENS} (the paper's); --max_tokens to match your training "
+                             "run.")
         return lines
 
 

@@ -177,7 +177,8 @@ def option_groups(dataclass_types) -> list[tuple[str, str | None, list[str]]]:
 
 def group_options(parser: argparse.ArgumentParser, dataclass_types) -> None:
     """Move the parser's options into argument groups (`option_groups`), as `--help` then prints them; parsing is
-    unchanged. Only where a docstring has sections (`or1-trl train`: `OR1Config`, `GRPOConfig`, `TrainingArguments`)."""
+    unchanged. Only where a docstring has sections (`or1-trl train`: `OR1Config`, `GRPOConfig`,
+    `TrainingArguments`)."""
     if not any(section for dtype in dataclass_types for cls in dtype.__mro__
                for section in docstring_sections(cls).values()):
         return

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .parsing import DatasetArguments, check_at_least_one, check_output_dir, command_parser, input_errors, parse_command
+from .parsing import (DatasetArguments, check_at_least_one, check_output_dir, command_parser, input_errors,
+                      parse_command)
 
 PREPARE_SKIPS = ("dedup", "figures", "decontaminate", "verify")
 
@@ -57,9 +58,9 @@ def prepare_parser(prog: str | None = "or1-trl prepare"):
         PrepareArguments, prog,
         "Prepare training data as the paper does (§6.1): exact and normalised de-duplication, problems with figures "
         "or URLs dropped, decontamination against evaluation sets by n-gram overlap, each math answer re-verified "
-        "against a reference solution with Math-Verify. Prints rows in, rows removed by each step and rows out; writes "
-        "the kept rows (unchanged) to OUTPUT_DIR/data/SPLIT-00000-of-00001.parquet and the removed ones with their "
-        "reason to OUTPUT_DIR/removed-SPLIT.jsonl. The released (verl) format is understood.")
+        "against a reference solution with Math-Verify. Prints rows in, rows removed by each step and rows out; "
+        "writes the kept rows (unchanged) to OUTPUT_DIR/data/SPLIT-00000-of-00001.parquet and the removed ones with "
+        "their reason to OUTPUT_DIR/removed-SPLIT.jsonl. The released (verl) format is understood.")
 
 
 def prepare(argv: list[str] | None = None, prog: str | None = "or1-trl prepare") -> None:

@@ -210,7 +210,8 @@ def run_real_demo(model: str = "smollm2", output_dir: str = "outputs/or1-demo-sm
                 return ServerBackend(url)
             return HFBackend(trainer.accelerator.unwrap_model(trainer.model), tokenizer)
 
-        print(f"Held-out accuracy before training ({len(problems)} prompts x {HELD_OUT_SAMPLES} samples) ...", flush=True)
+        print(f"Held-out accuracy before training ({len(problems)} prompts x {HELD_OUT_SAMPLES} samples) ...",
+              flush=True)
         before = held_out_accuracy(backend(), problems, os.path.join(output_dir, "eval-before"), seed)
         trainer.train()
         trainer.save_model(output_dir)

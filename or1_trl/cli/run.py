@@ -15,7 +15,8 @@ from collections.abc import Callable
 from ..paths import local_model_path, model_path_problem
 
 # `trl grpo --reward_funcs` names (trl/scripts/grpo.py, from `trl.rewards`).
-TRL_REWARD_NAMES = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward", "get_soft_overlong_punishment")
+TRL_REWARD_NAMES = ("accuracy_reward", "reasoning_accuracy_reward", "think_format_reward",
+                    "get_soft_overlong_punishment")
 
 
 def resolve_reward_funcs(names: list[str], max_completion_length: int) -> list[Callable]:
@@ -30,8 +31,10 @@ def resolve_reward_funcs(names: list[str], max_completion_length: int) -> list[C
             import trl.rewards
 
             func = getattr(trl.rewards, name)
-            if name == "get_soft_overlong_punishment":  # a factory: `trl grpo` fixes 1280 / 256; we use the run's length
-                func = func(max_completion_len=max_completion_length, soft_punish_cache=min(256, max_completion_length // 4))
+            # a factory: `trl grpo` fixes 1280 / 256; we use the run's length
+            if name == "get_soft_overlong_punishment":
+                func = func(max_completion_len=max_completion_length,
+                            soft_punish_cache=min(256, max_completion_length // 4))
         elif "." in name.strip("."):
             module, attr = name.rsplit(".", 1)
             if os.getcwd() not in sys.path:
@@ -41,8 +44,8 @@ def resolve_reward_funcs(names: list[str], max_completion_length: int) -> list[C
             except (ImportError, AttributeError) as exc:
                 raise ValueError(f"--reward_funcs {name}: cannot import {attr!r} from {module!r} ({exc})") from None
         else:
-            raise ValueError(f"--reward_funcs {name}: neither one of TRL's reward names ({', '.join(TRL_REWARD_NAMES)}) "
-                             "nor a module.function import path")
+            raise ValueError(f"--reward_funcs {name}: neither one of TRL's reward names "
+                             f"({', '.join(TRL_REWARD_NAMES)}) nor a module.function import path")
         if not callable(func):
             raise ValueError(f"--reward_funcs {name}: {type(func).__name__} is not callable")
         funcs.append(func)
@@ -58,8 +61,8 @@ def uses_demo_data(script_args, model_args) -> bool:
         raise ValueError("without --model_name_or_path and --dataset_name, training uses the demo's tiny model and "
                          "addition prompts, which need --reward math (or auto)")
     if not builtin and (model_args.model_name_or_path is None or not data):
-        raise ValueError("training needs both --model_name_or_path and --dataset_name, or neither (then the demo's tiny "
-                         "model and addition prompts, offline; `or1-trl demo` runs the demo itself)")
+        raise ValueError("training needs both --model_name_or_path and --dataset_name, or neither (then the demo's "
+                         "tiny model and addition prompts, offline; `or1-trl demo` runs the demo itself)")
     return builtin
 
 
@@ -123,12 +126,14 @@ def build_trainer(script_args, training_args, model_args):
             raise ValueError(problem)
         model_args.model_name_or_path = local_model_path(model_args.model_name_or_path)
     # A previous run in --output_dir, a missing checkpoint: refused before the model loads.
-    check_output_dir(training_args.output_dir, training_args.resume_from_checkpoint, training_args.overwrite_output_dir)
+    check_output_dir(training_args.output_dir, training_args.resume_from_checkpoint,
+                     training_args.overwrite_output_dir)
     if builtin:
         from .demo_run import demo_model_and_data
         from ..rewards import math_reward
 
-        model, tokenizer, dataset = demo_model_and_data(os.path.join(training_args.output_dir, "sft"), seed=training_args.seed)
+        model, tokenizer, dataset = demo_model_and_data(os.path.join(training_args.output_dir, "sft"),
+                                                        seed=training_args.seed)
         reward_funcs = [math_reward] if script_args.reward else []
     else:
         model, tokenizer = model_args.model_name_or_path, None
@@ -167,6 +172,7 @@ def train_and_save(trainer, dataset_name: str | None = None) -> None:
         runtime = next((e["train_runtime"] for e in reversed(trainer.state.log_history) if "train_runtime" in e), None)
         complete = [c for c in checkpoints(args.output_dir) if not find_problems(c, required_files(trainer))]
         local = dataset_name if dataset_name and os.path.isfile(dataset_name) else None
-        pushed_to = (getattr(pushed, "commit_url", None) or args.hub_model_id or "the Hub") if args.push_to_hub else None
+        pushed_to = (getattr(pushed, "commit_url", None) or args.hub_model_id
+                     or "the Hub") if args.push_to_hub else None
         print("\n".join(closing_lines(args.output_dir, trainer.state.global_step, trainer.state.max_steps, runtime,
                                      complete, pushed_to, local)), flush=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .parsing import DatasetArguments, check_at_least_one, check_output_dir, command_parser, input_errors, parse_command
+from .parsing import (DatasetArguments, check_at_least_one, check_output_dir, command_parser, input_errors,
+                      parse_command)
 
 
 @dataclass(kw_only=True)

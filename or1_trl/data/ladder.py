@@ -53,7 +53,8 @@ class Rung:
         """The training/evaluation row of the pair `(a, b)`: a conversation prompt, its gold answer and its ids."""
         user = {"role": "user", "content": f"{self.question.format(a=a, b=b, c=a + b)} {INSTRUCTION}"}
         prompt = ([{"role": "system", "content": system}] if system is not None else []) + [user]
-        return {"prompt": prompt, "answer": str(self.answer(a, b)), "rung": self.name, "prompt_id": f"{self.name}-{a}-{b}"}
+        return {"prompt": prompt, "answer": str(self.answer(a, b)), "rung": self.name,
+                "prompt_id": f"{self.name}-{a}-{b}"}
 
 
 RUNGS = {

@@ -137,8 +137,9 @@ def select_examples(dataset, ranking: list[RankedPrompt], top: int, size: int, p
     chosen = ranking[:top]
     missing = [r.prompt_id for r in chosen if r.prompt_id not in row_of]
     if missing:
-        raise ValueError(f"prompt id(s) {missing} of the statistics are not in the dataset: pass the dataset the ranked "
-                         f"run trained on (ids from its {prompt_id_column!r} column, else from the prompt's content)")
+        raise ValueError(f"prompt id(s) {missing} of the statistics are not in the dataset: pass the dataset the "
+                         f"ranked run trained on (ids from its {prompt_id_column!r} column, else from the prompt's "
+                         "content)")
     out = replicate(dataset, [row_of[r.prompt_id] for r in chosen], size)
     if prompt_id_column in out.column_names:
         out = out.rename_column(prompt_id_column, f"source_{prompt_id_column}")

@@ -66,8 +66,8 @@ def check_golds(reward_funcs: Any, dataset: Any, dataset_name: str = "train_data
             count, details = invalid_rows(reasons)
             if count:
                 name = getattr(func, "__name__", type(func).__name__)
-                raise ValueError(f"{dataset_name} column {column!r} (read by {name!r}): {count} of {len(dataset)} rows "
-                                 f"cannot be scored: {details}. {_GOLD_FIX[column]}.")
+                raise ValueError(f"{dataset_name} column {column!r} (read by {name!r}): {count} of {len(dataset)} "
+                                 f"rows cannot be scored: {details}. {_GOLD_FIX[column]}.")
 
 
 def check_datasets(reward_funcs: Any, train_dataset: Any, eval_dataset: Any = None) -> None:
@@ -126,10 +126,10 @@ def check_prompt_lengths(lengths: list[int], context: int | None, completion_len
     long = [i for i, n in enumerate(lengths) if n > limit]
     if long:
         raise ValueError(
-            f"{len(long)} of {len(lengths)} prompts of {dataset_name} are longer than {limit} tokens ({row_list(long)}; "
-            f"longest {max(lengths)}), the room {context_source} ({context} tokens) leaves after max_completion_length="
-            f"{completion_length}. Drop them (`dataset.filter`), set max_prompt_length={limit} (OR1Config) to keep their last "
-            f"{limit} tokens, or lower max_completion_length."
+            f"{len(long)} of {len(lengths)} prompts of {dataset_name} are longer than {limit} tokens "
+            f"({row_list(long)}; longest {max(lengths)}), the room {context_source} ({context} tokens) leaves after "
+            f"max_completion_length={completion_length}. Drop them (`dataset.filter`), set max_prompt_length={limit} "
+            f"(OR1Config) to keep their last {limit} tokens, or lower max_completion_length."
         )
     return None
 
@@ -204,8 +204,8 @@ def plain_prompts_problem(dataset, tokenizer) -> str | None:
     if not isinstance(prompt, str) or opening is None or opening in prompt:
         return None
     return (
-        f"The prompts are plain strings (the first: {prompt[:60]!r}) and the tokenizer has a chat template: TRL sends a "
-        "string prompt as raw text, without the template, so an instruct model sees no user turn (it may answer its "
+        f"The prompts are plain strings (the first: {prompt[:60]!r}) and the tokenizer has a chat template: TRL sends "
+        "a string prompt as raw text, without the template, so an instruct model sees no user turn (it may answer its "
         "end-of-turn token at once: 1-token completions, rewards near 0); `or1-trl eval` sends it as a user turn. "
         "To train on the template: conversational prompts, [{'role': 'user', 'content': prompt}] "
         "(dataset.map(lambda row: {'prompt': [{'role': 'user', 'content': row['prompt']}]})), or `or1-trl train "

@@ -8,9 +8,9 @@ Steps, in this order; each one sees only the rows the earlier ones kept, and the
 
 1. `exact_duplicate` — the problem text equals an earlier row's (the first occurrence stays).
 2. `normalized_duplicate` — equal after `normalize_problem`: Unicode NFKC, case-folded, LaTeX math delimiters
-   (`$`, `\\(`, `\\)`, `\\[`, `\\]`), `\\left` / `\\right`, spacing commands (`\\,` `\\;` `\\!` `\\quad` `\\qquad`) and all
-   whitespace removed, trailing full stops dropped. "What is $1+1$?" and "what is 1 + 1 ?" are duplicates;
-   "1+1" and "1-1" are not.
+   (`$`, `\\(`, `\\)`, `\\[`, `\\]`), `\\left` / `\\right`, spacing commands (`\\,` `\\;` `\\!` `\\quad` `\\qquad`) and
+   all whitespace removed, trailing full stops dropped. "What is $1+1$?" and "what is 1 + 1 ?" are duplicates; "1+1"
+   and "1-1" are not.
 3. `figure_or_url` — the problem points at something the model cannot see: a URL, an image (`\\includegraphics`,
    `<img`, Markdown `![`), Asymptote code (`[asy]`), or a figure / diagram named in the text ("the figure", "see
    diagram", "shown below", ...). `FIGURE_OR_URL` is the pattern.
@@ -25,9 +25,10 @@ Steps, in this order; each one sees only the rows the earlier ones kept, and the
 
 The per-row work (texts, hashes, figure search, n-gram overlaps) runs in `datasets.map` with `num_proc`
 processes; verification runs in `MathReward`'s `num_proc` workers. The kept rows are written unchanged (same
-columns, same layout — the released format stays the released format) to `<output_dir>/data/<split>-00000-of-00001.parquet`
-(`datasets.load_dataset(output_dir, split=<split>)` reads it; several splits can share one directory), the removed
-rows with their reason and detail to `<output_dir>/removed-<split>.jsonl`.
+columns, same layout — the released format stays the released format) to
+`<output_dir>/data/<split>-00000-of-00001.parquet` (`datasets.load_dataset(output_dir, split=<split>)` reads it;
+several splits can share one directory), the removed rows with their reason and detail to
+`<output_dir>/removed-<split>.jsonl`.
 """
 
 from __future__ import annotations
@@ -229,7 +230,8 @@ def prepare_dataset(dataset, problem_column: str = "prompt", answer_column: str 
             result.removed[i] = ("figure_or_url", {"match": figure})
         elif decontaminate and json.loads(overlaps):
             result.removed[i] = ("contamination", {"overlaps": [
-                {"eval_set": name, "eval_row": row, "overlap": fraction} for name, row, fraction in json.loads(overlaps)]})
+                {"eval_set": name, "eval_row": row, "overlap": fraction}
+                for name, row, fraction in json.loads(overlaps)]})
         else:
             survivors.append(i)
         seen_exact.setdefault(exact, i)

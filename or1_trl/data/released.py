@@ -17,10 +17,12 @@ layouts are those the released reward (`verl/utils/reward_score/livecodebench/co
 its order, after dropping null keys as the released data script does:
 
     {"inputs": [...], "outputs": [...], "fn_name": f?}   -> {"inputs", "outputs", "fn_name"?}  (stdin/stdout, or a call
-                                                            with LiveCodeBench's JSON-lines encoding when fn_name is set)
+                                                            with LiveCodeBench's JSON-lines encoding when fn_name is
+                                                            set)
     {"import_prefix": p, "test_code": t, "entry_point": e} -> {"asserts": [t[0] + t[i] + "\ncheck(e)" for each
                                                             further non-empty line i of t], "import_prefix": p}
-    {"assert_case": [a, ...]}                            -> {"asserts": [a, ...], "import_prefix": the released IMPORT_PROMPT}
+    {"assert_case": [a, ...]}                            -> {"asserts": [a, ...],
+                                                            "import_prefix": the released IMPORT_PROMPT}
 
 (`question_id`, LiveCodeBench tests read from separate files, is not supported: such rows are invalid.)
 
@@ -352,7 +354,8 @@ def training_dataset(dataset, reward: str = "auto", prompt_column: str = "prompt
     dataset = dataset.map(_scorable_row, fn_kwargs={"verl": verl, "default_ability": default_ability},
                           features=features, num_proc=num_proc, desc="Checking rows")
     total = len(dataset)
-    report = [f"{total} rows in {'the released (verl) format' if verl else f'prompt/{REWARD_COLUMNS[default_ability]} columns'}"]
+    report = [f"{total} rows in "
+              f"{'the released (verl) format' if verl else f'prompt/{REWARD_COLUMNS[default_ability]} columns'}"]
 
     count, details = invalid_rows(dataset[_INVALID])
     if count:
@@ -372,8 +375,8 @@ def training_dataset(dataset, reward: str = "auto", prompt_column: str = "prompt
         low, high = difficulty_range if difficulty_range is not None else (1, 15)
         before = len(dataset)
         dataset, counts = filter_by_difficulty(dataset, difficulty_model, low, high)
-        report.append(f"difficulty filter {difficulty_key(difficulty_model)} in [{low}, {high}]: kept {counts['kept']} "
-                      f"of {before} ({counts['no_count']} without a count, {counts['below']} below, "
+        report.append(f"difficulty filter {difficulty_key(difficulty_model)} in [{low}, {high}]: kept "
+                      f"{counts['kept']} of {before} ({counts['no_count']} without a count, {counts['below']} below, "
                       f"{counts['above']} above)")
     if len(dataset) == 0:
         raise ValueError("no rows left to train on: " + "; ".join(report))

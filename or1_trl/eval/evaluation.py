@@ -22,8 +22,8 @@ Benchmarks: `aime24` (`HuggingFaceH4/aime_2024`), `aime25` (`yentinglin/aime_202
 and an answer column (names configurable) works offline.
 
 Output (`output_dir`): `<benchmark>.jsonl` (one record per problem: the samples, their rewards, correctness,
-parsed answers, token lengths and truncation — `or1_trl.generation.sampling`'s store, so an interrupted run resumes without
-regenerating finished problems), `eval_summary.json` and `eval_summary.md` (the table).
+parsed answers, token lengths and truncation — `or1_trl.generation.sampling`'s store, so an interrupted run resumes
+without regenerating finished problems), `eval_summary.json` and `eval_summary.md` (the table).
 """
 
 from __future__ import annotations
@@ -91,7 +91,8 @@ def check_ks(ks: Sequence[int], n: int) -> None:
 
 def per_problem_scores(correct: Sequence[Sequence[bool]], ks: Sequence[int],
                        keys: Sequence[Sequence[str | None]] | None = None) -> dict[str, np.ndarray]:
-    """`{metric: [P] per-problem score}` for avg@n, pass@k (each k) and, with `keys`, maj@n. Every problem has n samples."""
+    """`{metric: [P] per-problem score}` for avg@n, pass@k (each k) and, with `keys`, maj@n. Every problem has n
+    samples."""
     sizes = {len(c) for c in correct}
     if len(sizes) != 1:
         raise ValueError(f"every problem needs the same number of samples, got {sorted(sizes)}")
@@ -115,7 +116,8 @@ def group_pass_at_k(rewards: Sequence[float], group_size: int, ks: Sequence[int]
         raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}")
     groups = [rewards[i : i + group_size] for i in range(0, len(rewards), group_size)]
     correct = [[r >= threshold for r in group] for group in groups]  # NaN >= threshold is False
-    return {name: values.tolist() for name, values in per_problem_scores(correct, ks or default_ks(group_size)).items()}
+    scores = per_problem_scores(correct, ks or default_ks(group_size))
+    return {name: values.tolist() for name, values in scores.items()}
 
 
 def bootstrap_intervals(scores: Mapping[str, np.ndarray], resamples: int = 10_000, confidence: float = 0.95,
@@ -145,7 +147,8 @@ def sampling_standard_error(correct: Sequence[Sequence[bool]]) -> float | None:
 
 def summarize(records: Sequence[Mapping], ks: Sequence[int] | None = None, resamples: int = 10_000,
               confidence: float = 0.95, seed: int = 0) -> dict:
-    """The summary of one benchmark from its per-problem records (`correct`, `answer_keys`, `num_tokens`, `truncated`)."""
+    """The summary of one benchmark from its per-problem records (`correct`, `answer_keys`, `num_tokens`,
+    `truncated`)."""
     correct = [r["correct"] for r in records]
     n = len(correct[0])
     ks = list(ks or default_ks(n))
@@ -181,7 +184,8 @@ def summary_markdown(summary: Mapping) -> str:
         cells = [name, str(b["problems"])]
         for metric in names:
             m = b["metrics"].get(metric)
-            cells.append("—" if m is None else f"{100 * m['value']:.1f} [{100 * m['ci'][0]:.1f}, {100 * m['ci'][1]:.1f}]")
+            cells.append("—" if m is None
+                         else f"{100 * m['value']:.1f} [{100 * m['ci'][0]:.1f}, {100 * m['ci'][1]:.1f}]")
         se = b["avg_sampling_se"]
         cells += ["—" if se is None else f"{100 * se:.1f}", f"{100 * b['truncated_frac']:.1f}%",
                   "—" if b["mean_tokens"] is None else f"{b['mean_tokens']:.0f}"]
@@ -189,9 +193,9 @@ def summary_markdown(summary: Mapping) -> str:
     s = summary["settings"]
     lines.append("")
     lines.append(
-        f"Model `{summary['model']}`; n={s['n']} samples per problem, temperature {s['temperature']}, top-p {s['top_p']}, "
-        f"max {s['max_tokens']} tokens, seed {s['seed']}; {level}% percentile-bootstrap intervals over problems "
-        f"({first['bootstrap_resamples']} resamples); ± SE: sampling standard error of avg@n."
+        f"Model `{summary['model']}`; n={s['n']} samples per problem, temperature {s['temperature']}, top-p "
+        f"{s['top_p']}, max {s['max_tokens']} tokens, seed {s['seed']}; {level}% percentile-bootstrap intervals over "
+        f"problems ({first['bootstrap_resamples']} resamples); ± SE: sampling standard error of avg@n."
     )
     return "\n".join(lines) + "\n"
 
@@ -285,8 +289,8 @@ def _golds(dataset, spec: str, answer_column: str | None):
         return answer_column or "answer"
     abilities = set(dataset["ability"]) if "ability" in dataset.column_names else {"math"}
     if abilities - {"math"}:
-        raise ValueError(f"benchmark {spec!r} holds {sorted(abilities - {'math'})} rows besides math: or1-trl eval scores "
-                         "math answers only (select the math split or rows)")
+        raise ValueError(f"benchmark {spec!r} holds {sorted(abilities - {'math'})} rows besides math: or1-trl eval "
+                         "scores math answers only (select the math split or rows)")
     return [math_golds(row["ground_truth"]) for row in dataset["reward_model"]]
 
 
@@ -309,11 +313,12 @@ def load_problems(spec: str, problem_column: str | None = None, answer_column: s
             golds, answer_column = answer_column, None
     else:
         problem_column, answer_column = problem_column or "problem", answer_column or "answer"
-    missing = [c for c in (problem_column, answer_column, id_column) if c is not None and c not in dataset.column_names]
+    missing = [c for c in (problem_column, answer_column, id_column) if c is not None
+               and c not in dataset.column_names]
     if missing:
         raise ValueError(
-            f"benchmark {spec!r} has no column(s) {missing} (columns: {dataset.column_names}); name the problem, answer "
-            "and id columns with --problem_column, --answer_column and --id_column"
+            f"benchmark {spec!r} has no column(s) {missing} (columns: {dataset.column_names}); name the problem, "
+            "answer and id columns with --problem_column, --answer_column and --id_column"
         )
     if len(dataset) == 0:
         raise ValueError(f"benchmark {spec!r} has no rows")
@@ -358,7 +363,8 @@ def answer_key(text: str, parsing_timeout: int | None = 5, max_chars: int = 8192
 
 
 def eval_scorer(reward_func, problems: Mapping[str, Problem]):
-    """`score` for `or1_trl.generation.sampling.sample`: rewards, correctness (reward >= 1), parsed answers, the problem and gold."""
+    """`score` for `or1_trl.generation.sampling.sample`: rewards, correctness (reward >= 1), parsed answers, the
+    problem and gold."""
     from ..generation.sampling import reward_scorer
 
     golds = {pid: p.answer for pid, p in problems.items()}
@@ -385,7 +391,8 @@ def evaluate(backend, benchmarks: Mapping[str, Sequence[Problem]], settings, out
              ks: Sequence[int] | None = None, reward_func=None,
              template: str | Mapping[str, str] = DEFAULT_PROMPT_TEMPLATE, chat: bool = True, resamples: int = 10_000,
              confidence: float = 0.95, progress: bool = True) -> dict:
-    """Sample, score and summarize every benchmark; writes `<name>.jsonl`, `eval_summary.json` and `.md` to `output_dir`.
+    """Sample, score and summarize every benchmark; writes `<name>.jsonl`, `eval_summary.json` and `.md` to
+    `output_dir`.
 
     `template`: the user turn of every benchmark, or `{benchmark name: its template}`. Problems already in
     `<name>.jsonl` (same sampling settings) are not sampled again.

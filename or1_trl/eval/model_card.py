@@ -47,7 +47,7 @@ CITATIONS = textwrap.dedent("""\
         author       = {Yiping Wang and Qing Yang and Zhiyuan Zeng and Liliang Ren and Lucas Liu and Baolin Peng and Hao Cheng and Xuehai He and Kuan Wang and Jianfeng Gao and Weizhu Chen and Shuohang Wang and Simon Shaolei Du and Yelong Shen},
         year         = 2025,
         eprint       = {arXiv:2504.20571},
-    }""")
+    }""")  # noqa: E501 (BibTeX entries as TRL writes them: one line per field)
 
 #: `OR1Trainer._paper` (TRL's card: "trained with OR1, a method introduced in …" and "Cite OR1 as: …").
 PAPER = {"title": "Skywork Open Reasoner 1 Technical Report", "id": "2505.22312", "citation": CITATIONS}
@@ -81,7 +81,8 @@ def final_metrics(log_history: list[dict]) -> tuple[int | None, dict]:
 def or1_settings(args) -> list[tuple[str, str]]:
     """`(setting, value)` rows of the OR1 recipe (a plain `GRPOConfig`: TRL's objective)."""
     rows = [
-        ("learning rate", f"{_fmt(args.learning_rate)} ({getattr(args.lr_scheduler_type, 'value', args.lr_scheduler_type)})"),
+        ("learning rate",
+         f"{_fmt(args.learning_rate)} ({getattr(args.lr_scheduler_type, 'value', args.lr_scheduler_type)})"),
         ("clip ε (low / high)", f"{_fmt(args.epsilon)} / {_fmt(args.epsilon_high or args.epsilon)}"),
         ("sampling temperature", _fmt(args.temperature)),
         ("loss type, β (KL)", f"{args.loss_type}, {_fmt(args.beta)}"),
@@ -99,23 +100,28 @@ def or1_settings(args) -> list[tuple[str, str]]:
         entropy = f"fixed coefficient {_fmt(args.entropy_coef)}"
     eighty_twenty = "off (all tokens)"
     if args.top_entropy_quantile < 1:
-        eighty_twenty = f"top {_fmt(args.top_entropy_quantile)} of tokens by entropy, normalised over `{args.top_entropy_normalization}`"
+        eighty_twenty = (f"top {_fmt(args.top_entropy_quantile)} of tokens by entropy, normalised over "
+                         f"`{args.top_entropy_normalization}`")
     return rows + [
         ("rejection sampling (§3.1)", f"`{args.rejection_sampling}`"
          + (f", refill up to {args.rejection_refill_rounds} rounds" if args.rejection_refill_rounds else "")),
         ("entropy control", entropy),
         ("80/20 rule", eighty_twenty),
         ("online filter (stage starts)", f"accuracy ≥ {_fmt(args.online_filter_threshold)} leaves the pool"
-         + (f"; unsolved after {args.online_filter_unsolved_after} samples too" if args.online_filter_unsolved_after else "")),
+         + (f"; unsolved after {args.online_filter_unsolved_after} samples too" if args.online_filter_unsolved_after
+            else "")),
         ("mask truncated completions", _fmt(args.mask_truncated_completions)),
     ] + ([("rollout correction (vLLM)", _rollout_correction(args))] if args.use_vllm else [])
 
 
 def _rollout_correction(args) -> str:
     if args.rollout_correction == "trl":
-        return (f"TRL's: `{args.vllm_importance_sampling_mode}`, clip [{_fmt(args.vllm_importance_sampling_clip_min)}, "
-                f"{_fmt(args.vllm_importance_sampling_clip_max)}]" if args.vllm_importance_sampling_correction else "TRL's: off")
-    return f"`{args.rollout_correction}`" + (f", cap {_fmt(args.rollout_correction_cap)}" if args.rollout_correction != "off" else "")
+        if not args.vllm_importance_sampling_correction:
+            return "TRL's: off"
+        low, high = _fmt(args.vllm_importance_sampling_clip_min), _fmt(args.vllm_importance_sampling_clip_max)
+        return f"TRL's: `{args.vllm_importance_sampling_mode}`, clip [{low}, {high}]"
+    return f"`{args.rollout_correction}`" + (f", cap {_fmt(args.rollout_correction_cap)}"
+                                             if args.rollout_correction != "off" else "")
 
 
 def stage_rows(shapes) -> list[list[str]]:
@@ -175,7 +181,8 @@ def or1_section(args, state, base_model: str | None, dataset_name: str | None, n
     step, metrics = final_metrics(state.log_history)
     if metrics:
         parts += [f"### Final training metrics (step {step})", "",
-                  _table([label for _, label in FINAL_METRICS], [[_fmt(metrics[key]) for key, _ in FINAL_METRICS]]), ""]
+                  _table([label for _, label in FINAL_METRICS],
+                         [[_fmt(metrics[key]) for key, _ in FINAL_METRICS]]), ""]
     parts += [eval_block(eval_summary), SECTION_END]
     return "\n".join(parts) + "\n"
 
@@ -205,6 +212,25 @@ def write_section(card_path: str, section: str) -> None:
         card = f.read()
     with open(card_path, "w", encoding="utf-8") as f:
         f.write(insert_section(card, section))
+
+
+def write_for_trainer(trainer, dataset_name: str | None, stage_shapes=()) -> None:
+    """The OR1 section (`or1_section`) of the card TRL wrote for `trainer` (an `OR1Trainer`) into its
+    `output_dir/README.md`: its config, state, base model, train dataset and stages, and the eval results found in
+    `output_dir/eval` (`or1-trl eval --model <output_dir>`)."""
+    from datasets import Dataset  # the trainer's libraries, loaded by the trainer already
+    from trl.trainer.utils import get_config_model_id
+
+    from .evaluation import read_summary
+
+    args, train_dataset = trainer.args, trainer.train_dataset
+    section = or1_section(
+        args, trainer.state,
+        base_model=get_config_model_id(trainer.accelerator.unwrap_model(trainer.model).config) or None,
+        dataset_name=dataset_name,
+        num_prompts=len(train_dataset) if isinstance(train_dataset, Dataset) else None,
+        eval_summary=read_summary(os.path.join(args.output_dir, EVAL_SUBDIR)), stage_shapes=stage_shapes)
+    write_section(os.path.join(args.output_dir, "README.md"), section)
 
 
 def update_eval_block(card_path: str, summary: Mapping) -> bool:

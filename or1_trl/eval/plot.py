@@ -5,12 +5,14 @@ The source is `trainer_state.json`'s `log_history` (one entry per logged step): 
 `global_step`) is read, so a run still training or killed is plotted up to its last checkpoint. The figures are the
 paper's diagnostics:
 
-| file | what |
-|---|---|
-| `entropy.png` | entropy over the kept tokens vs step, with the controller's target and the stage boundaries; below it the coefficient c and the α applied (eq. 3.2) |
-| `accuracy.png` | training accuracy over all samples and over non-truncated ones, and the truncation ratio, vs step (paper Fig. 6) |
-| `time_split.png` | where a step's time goes — rollout, reward, update, other — as a stacked bar per stage (mean seconds per step, shares in %) |
-| `pool.png` | the prompt pool's size vs step (the online filter at stage starts); below it the group outcomes of rejection sampling (kept, solve_all, solve_none) |
+- `entropy.png`: entropy over the kept tokens vs step, with the controller's target and the stage boundaries; below
+  it the coefficient c and the α applied (eq. 3.2);
+- `accuracy.png`: training accuracy over all samples and over non-truncated ones, and the truncation ratio, vs step
+  (paper Fig. 6);
+- `time_split.png`: where a step's time goes — rollout, reward, update, other — as a stacked bar per stage (mean
+  seconds per step, shares in %);
+- `pool.png`: the prompt pool's size vs step (the online filter at stage starts); below it the group outcomes of
+  rejection sampling (kept, solve_all, solve_none).
 
 A figure whose metrics the run did not log (e.g. `pool.png` without a prompt pool, or a plain `GRPOTrainer` run) is
 skipped with the reason. Noisy curves are drawn thin with a moving average over them (`smooth` steps). A step that
@@ -58,7 +60,8 @@ class Run:
             if key not in e:
                 continue
             value = e[key]
-            if value is None or _isnan(value) or (key in KEPT_TOKEN_METRICS and e.get("rejection/kept_group_frac") == 0):
+            if value is None or _isnan(value) or (key in KEPT_TOKEN_METRICS
+                                                  and e.get("rejection/kept_group_frac") == 0):
                 value = math.nan
             steps.append(e["step"])
             values.append(value)
@@ -110,7 +113,8 @@ def load_run(output_dir: str) -> Run:
     path = find_state(output_dir)
     with open(path) as f:
         history = json.load(f).get("log_history", [])
-    entries = [e for e in history if "step" in e and "train_runtime" not in e and not any(k.startswith("eval_") for k in e)]
+    entries = [e for e in history if "step" in e and "train_runtime" not in e
+               and not any(k.startswith("eval_") for k in e)]
     if not entries:
         raise ValueError(f"{path} logs no training step (log_history is empty): nothing to plot.")
     return Run(path, entries)
@@ -186,7 +190,8 @@ def entropy_figure(run: Run, window: int):
         _curve(ax, run, "entropy/measured", "e_k the controller measured", "#937860", window)
     steps, target = run.series("entropy/target")
     if steps:
-        ax.step(steps, target, where="mid", color="#C44E52", linestyle="-.", linewidth=1.5, label="target (entropy_target)")
+        ax.step(steps, target, where="mid", color="#C44E52", linestyle="-.", linewidth=1.5,
+                label="target (entropy_target)")
     ax.set_ylabel("entropy (nats)")
     ax.set_ylim(bottom=0)
     ax.set_title("Policy entropy vs. the adaptive controller's target (Skywork-OR1 eq. 3.2)", pad=14)
@@ -252,7 +257,8 @@ def time_split_figure(run: Run, window: int):
         for i, (height, (_, seconds)) in enumerate(zip(heights, bars)):
             share = height / sum(seconds.values()) if sum(seconds.values()) else 0.0
             if share >= 0.04:
-                ax.text(i, bottoms[i] + height / 2, f"{share:.0%}", ha="center", va="center", fontsize=9, color="white")
+                ax.text(i, bottoms[i] + height / 2, f"{share:.0%}", ha="center", va="center", fontsize=9,
+                        color="white")
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     ax.set_xlabel("")
     ax.set_ylabel("seconds per step (mean)")
@@ -287,10 +293,13 @@ def pool_figure(run: Run, window: int):
     return fig, None
 
 
-FIGURES = {"entropy": entropy_figure, "accuracy": accuracy_figure, "time_split": time_split_figure, "pool": pool_figure}
+FIGURES = {"entropy": entropy_figure, "accuracy": accuracy_figure, "time_split": time_split_figure,
+           "pool": pool_figure}
 
 
-def plot_run(output_dir: str, out_dir: str | None = None, smooth: int | None = None) -> tuple[dict[str, str], dict[str, str]]:
+def plot_run(
+    output_dir: str, out_dir: str | None = None, smooth: int | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
     """Write the figures of the run in `output_dir` as PNGs into `out_dir` (default `<output_dir>/plots`).
 
     Args:

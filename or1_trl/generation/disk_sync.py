@@ -155,7 +155,8 @@ class DiskWeightSync:
         )
         response = self.session.post(f"{self.base_url}/collective_rpc", json={"method": "or1_extension_version"})
         if response.status_code == 404:
-            raise RuntimeError(f"The vLLM server at {self.base_url} does not run in dev mode (no /collective_rpc). {how}")
+            raise RuntimeError(f"The vLLM server at {self.base_url} does not run in dev mode (no /collective_rpc). "
+                               f"{how}")
         if response.status_code != 200:
             raise RuntimeError(
                 f"The vLLM server at {self.base_url} has no or1 worker extension ({response.text[:300]}). {how}"
@@ -308,10 +309,11 @@ class DiskWeightSync:
         with self._phase("load"):
             path = os.path.join(self.sync_dir, f"adapter-{self.version:06d}")
             response = self.session.post(f"{self.base_url}/v1/load_lora_adapter",
-                                         json={"lora_name": self.adapter_name, "lora_path": path, "load_inplace": True})
+                                         json={"lora_name": self.adapter_name, "lora_path": path,
+                                               "load_inplace": True})
             if response.status_code != 200:
-                raise RuntimeError(f"vLLM server at {self.base_url}: /v1/load_lora_adapter {self.adapter_name!r} failed "
-                                   f"({response.status_code}): {response.text[:500]}")
+                raise RuntimeError(f"vLLM server at {self.base_url}: /v1/load_lora_adapter {self.adapter_name!r} "
+                                   f"failed ({response.status_code}): {response.text[:500]}")
             if previous is not None and previous != self.adapter_name:  # gone already after a restart: 404
                 self.session.post(f"{self.base_url}/v1/unload_lora_adapter", json={"lora_name": previous})
             self._rpc("or1_set_weights_version", version=self.version)

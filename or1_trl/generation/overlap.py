@@ -136,8 +136,9 @@ class RolloutPrefetch:
                 f"before this update (v{version}), above max_staleness={self.max_staleness}: submit the next rollout "
                 "after every weight push, or raise max_staleness.")
         if rollout.staleness < 0:
-            raise StaleRolloutError(f"The prefetched rollout claims weights v{rollout.version}, newer than this update's "
-                                    f"v{version}: pass the trainer's update count (state.global_step) to both calls.")
+            raise StaleRolloutError(f"The prefetched rollout claims weights v{rollout.version}, newer than this "
+                                    f"update's v{version}: pass the trainer's update count (state.global_step) to "
+                                    "both calls.")
         return rollout
 
     def wait(self) -> None:

@@ -3,7 +3,8 @@
 One module for everything that samples a model outside training: `or1-trl eval` (avg@n, pass@k) and
 `or1-trl difficulty` (paper §6.2: N rollouts per prompt at T = 1.0, the count of correct ones kept per model).
 
-    from or1_trl.generation.sampling import HFBackend, SampleStore, SamplingSettings, ServerBackend, reward_scorer, sample
+    from or1_trl.generation.sampling import (HFBackend, SampleStore, SamplingSettings, ServerBackend, reward_scorer,
+                                             sample)
     from or1_trl.rewards import math_reward
 
     prompts = {"p0": [{"role": "user", "content": "What is 2 + 3?"}], "p1": "Plain text prompt"}  # id -> prompt
@@ -263,7 +264,8 @@ class HFBackend:
 
 
 class ServerBackend:
-    """An OpenAI-compatible vLLM server (`or1-trl serve`, `vllm serve`, `python -m vllm.entrypoints.openai.api_server`).
+    """An OpenAI-compatible vLLM server (`or1-trl serve`, `vllm serve`, `python -m
+    vllm.entrypoints.openai.api_server`).
 
     Args:
         url: the server's address, e.g. `http://localhost:8000` (a trailing `/v1` is accepted).
@@ -429,10 +431,11 @@ class VLLMBackend:
         tokenizer = self.llm.get_tokenizer()
         for start in range(0, len(prompts), self.chunk_size):
             chunk = range(start, min(start + self.chunk_size, len(prompts)))
-            inputs = [{"prompt_token_ids": prompt_token_ids(tokenizer, prompts[i], self.chat_template_kwargs)} for i in chunk]
+            inputs = [{"prompt_token_ids": prompt_token_ids(tokenizer, prompts[i], self.chat_template_kwargs)}
+                      for i in chunk]
             params = [
-                SamplingParams(n=settings.n, temperature=settings.temperature, top_p=settings.top_p, top_k=-1, min_p=0.0,
-                               repetition_penalty=1.0, max_tokens=settings.max_tokens, seed=seeds[i])
+                SamplingParams(n=settings.n, temperature=settings.temperature, top_p=settings.top_p, top_k=-1,
+                               min_p=0.0, repetition_penalty=1.0, max_tokens=settings.max_tokens, seed=seeds[i])
                 for i in chunk
             ]
             outputs = self.llm.generate(inputs, params, use_tqdm=False)
@@ -470,7 +473,8 @@ def make_backend(model=None, server_url: str | None = None, backend: str = "auto
     if backend == "vllm" or (backend == "auto" and vllm_available()):
         if not vllm_available():
             raise ImportError("backend 'vllm' needs vLLM in this environment: pip install 'or1-trl[vllm]'")
-        return VLLMBackend(model, chat_template_kwargs=chat_template_kwargs, seed=0, dtype=dtype, **dict(vllm_kwargs or {}))
+        return VLLMBackend(model, chat_template_kwargs=chat_template_kwargs, seed=0, dtype=dtype,
+                           **dict(vllm_kwargs or {}))
     return HFBackend(model, tokenizer=tokenizer, batch_size=batch_size, device=device, dtype=dtype,
                      chat_template_kwargs=chat_template_kwargs)
 
@@ -515,7 +519,8 @@ class SampleStore:
                 record = json.loads(line)
                 pid = record["id"]
             except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"{self.path}:{number} is not a sample record ({exc}); the file is not a store") from exc
+                raise ValueError(f"{self.path}:{number} is not a sample record ({exc}); the file is not a "
+                                 "store") from exc
             if expected is not None and record.get("sampling") != expected:
                 raise ValueError(
                     f"{self.path} holds samples taken with {record.get('sampling')} (line {number}), but this run "
@@ -550,7 +555,8 @@ class SampleStore:
         self.close()
 
 
-def reward_scorer(reward_func: Callable, golds: Mapping[str, Any], column: str = "answer", field: str = "rewards") -> Score:
+def reward_scorer(reward_func: Callable, golds: Mapping[str, Any], column: str = "answer",
+                  field: str = "rewards") -> Score:
     """A `score` for `sample` from a TRL-style reward function: `reward_func(completions=texts, **{column: golds})`.
 
     `golds[prompt_id]` is the prompt's gold (an answer for `math_reward`, a test spec for `code_reward`, with

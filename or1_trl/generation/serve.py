@@ -350,7 +350,8 @@ def start_server(
     `options` are `build_command`'s (`host`, `port`, `python`, `extra_args`, `api_key`); `env` adds to the backend's
     environment (e.g. `VLLM_CPU_KVCACHE_SPACE`); output goes to `log_file` (a file object) or is inherited. The
     caller stops the process (`process.terminate()`). `with_parent`: the server also gets SIGTERM when this process
-    dies, even by SIGKILL (`die_with_parent`; Linux; call it from the main thread, whose exit counts as the parent's)."""
+    dies, even by SIGKILL (`die_with_parent`; Linux; call it from the main thread, whose exit counts as the
+    parent's)."""
     argv, server_env = build_command(model, weight_sync, **options)
     server_env.update(env or {})
     process = subprocess.Popen(argv, env=server_env, stdout=log_file, stderr=subprocess.STDOUT if log_file else None,
@@ -384,7 +385,8 @@ def running_server(model: str, weight_sync: str = "disk", log_path: str | None =
                 process.wait()
 
 
-def serve(command: list[str], env: dict[str, str], weight_sync: str, host: str = "127.0.0.1", port: int = 8000) -> None:
+def serve(command: list[str], env: dict[str, str], weight_sync: str, host: str = "127.0.0.1",
+          port: int = 8000) -> None:
     """`or1-trl serve` (`or1_trl/cli/serve.py`) once its arguments are checked: run `build_command`'s `command` with
     `env` in the foreground, say when it is ready and how to train against it, and exit with the server's status."""
     print("or1-trl serve:", shlex.join(command), flush=True)

@@ -1,4 +1,5 @@
-"""A vLLM server that fails, restarts or goes away mid-run: retries, a check before each rollout, resyncs, a clean stop.
+"""A vLLM server that fails, restarts or goes away mid-run: retries, a check before each rollout, resyncs, a clean
+stop.
 
 What the trainer does when its server (vLLM server mode) misbehaves:
 
@@ -15,9 +16,9 @@ What the trainer does when its server (vLLM server mode) misbehaves:
    `vllm/resyncs`. A request that fails all its retries (the server died while generating) is asked again the same
    way, after the wait and the resync.
 3. **A server down longer than `vllm_server_timeout`** raises `ServerDownError` on every rank at once (the main
-   process talks to the server; `OR1VLLMGeneration` shares its outcome), and the trainer's `checkpoint.stop_with_checkpoint`
-   ends training with a complete checkpoint of the last finished step (its verified marker) and one line saying how
-   to resume.
+   process talks to the server; `OR1VLLMGeneration` shares its outcome), and the trainer's
+   `checkpoint.stop_with_checkpoint` ends training with a complete checkpoint of the last finished step (its verified
+   marker) and one line saying how to resume.
 
 In nccl mode (TRL's weight transfer) a restarted server has lost its NCCL group with the trainer and cannot be
 re-synced over HTTP: once retries are exhausted the run stops the same way (checkpoint, one line) instead of
@@ -41,7 +42,8 @@ RESYNCS_METRIC = "vllm/resyncs"
 SYNC_SECONDS_METRIC = "vllm/sync_seconds"
 SYNC_BYTES_METRIC = "vllm/sync_bytes"
 #: urllib3 `Retry` settings of every HTTP session to the server (`retry_policy`): backoff 0.5·2^(n-1) s (0, 1, 2,
-#: 4 s: ~7 s in all), then, for the trainer, `ServerWatch` takes over (waits for `/health` up to `vllm_server_timeout`).
+#: 4 s: ~7 s in all), then, for the trainer, `ServerWatch` takes over (waits for `/health` up to
+#: `vllm_server_timeout`).
 RETRY = dict(total=4, connect=4, read=2, status=3, status_forcelist=(500, 502, 503, 504), backoff_factor=0.5,
              backoff_max=8, allowed_methods=("GET", "POST"))
 POOL_SIZE = 64  # TRL's generation concurrency: connections are reused across its parallel requests

@@ -57,8 +57,8 @@ class OR1VLLMClient(VLLMClient):
                 wait_for_health(self.base_url, timeout=total_timeout)
             except TimeoutError:
                 raise ConnectionError(
-                    f"no vLLM server answered at {self.base_url} within vllm_server_timeout={total_timeout:g} s: start "
-                    "one (`or1-trl serve MODEL`) or point --vllm_server_base_url at it") from None
+                    f"no vLLM server answered at {self.base_url} within vllm_server_timeout={total_timeout:g} s: "
+                    "start one (`or1-trl serve MODEL`) or point --vllm_server_base_url at it") from None
         super().check_server(total_timeout, retry_interval)
 
     def generate(self, *args, **kwargs):

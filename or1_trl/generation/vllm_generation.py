@@ -108,7 +108,8 @@ class OR1VLLMGeneration(VLLMGeneration):
             dtype = self.disk_sync.dtype
             logger.info(f"vLLM disk weight sync: {'the LoRA adapter only' if adapter[0] else 'full weights'} ({why}), "
                         f"written in {str(dtype).removeprefix('torch.') if dtype else 'the model dtype'} "
-                        f"(vllm_sync_dtype={self.sync_dtype!r}; the server computes in {self.disk_sync.server_info['dtype']}).")
+                        f"(vllm_sync_dtype={self.sync_dtype!r}; the server computes in "
+                        f"{self.disk_sync.server_info['dtype']}).")
         if self.accelerator.num_processes > 1:
             broadcast_object_list(adapter, from_process=0)
         self.adapter_sync = adapter[0]

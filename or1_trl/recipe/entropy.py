@@ -63,7 +63,8 @@ class AdaptiveEntropyController:
 
     @classmethod
     def for_config(cls, args) -> "AdaptiveEntropyController":
-        """The controller of a run configured by `args` (`entropy_target`, `entropy_coef_*`, `use_adaptive_entropy`)."""
+        """The controller of a run configured by `args` (`entropy_target`, `entropy_coef_*`,
+        `use_adaptive_entropy`)."""
         return cls(target=args.entropy_target, delta=args.entropy_coef_delta, coef_min=args.entropy_coef_min,
                    coef_max=args.entropy_coef_max, coef=args.entropy_coef, adaptive=args.use_adaptive_entropy)
 

@@ -37,8 +37,8 @@ def share(total: torch.Tensor | float, num_processes: int, accumulation: float, 
     return total / num_processes * accumulation / steps_per_generation
 
 
-def selected_normaliser(mask: torch.Tensor, high_entropy: torch.Tensor, kept_rows, reduce: Callable, num_processes: int,
-                        accumulation: float, steps_per_generation: float) -> tuple:
+def selected_normaliser(mask: torch.Tensor, high_entropy: torch.Tensor, kept_rows, reduce: Callable,
+                        num_processes: int, accumulation: float, steps_per_generation: float) -> tuple:
     """The 80/20 rule's "selected" normaliser (the official code's) for `magic_loss`: the selected tokens of the kept
     ones, `mask` · `high_entropy` (`[b, T]`, TRL's own mask of the policy pass), instead of T_k; summed over ranks by
     `reduce`, with the rows holding a kept token and the kept rows' share (`kept_rows`, default: those rows)."""
@@ -72,8 +72,9 @@ class Normaliser:
     num_rows: int
 
     @classmethod
-    def for_micro_step(cls, loss_type: str, num_items: torch.Tensor, kept_group_rows: torch.Tensor | None, num_rows: int,
-                       num_processes: int, accumulation: float, steps_per_generation: float, max_completion_length: int):
+    def for_micro_step(cls, loss_type: str, num_items: torch.Tensor, kept_group_rows: torch.Tensor | None,
+                       num_rows: int, num_processes: int, accumulation: float, steps_per_generation: float,
+                       max_completion_length: int):
         """From the step's counts over all ranks: `num_items` kept tokens (T_k), `kept_group_rows` rows of kept groups
         (`None`: nothing was rejected, every row counts as in TRL). Empty counts are clamped to 1 (the loss is 0)."""
         tokens = share(num_items.clamp(min=1.0), num_processes, accumulation, steps_per_generation)

@@ -89,7 +89,9 @@ class Outcome:
         return self.correct / self.samples if self.samples else 0.0
 
 
-def batch_outcomes(indices: list[int], rewards: list[float], truncated: list[bool], lengths: list[int]) -> dict[int, Outcome]:
+def batch_outcomes(
+    indices: list[int], rewards: list[float], truncated: list[bool], lengths: list[int]
+) -> dict[int, Outcome]:
     """Per dataset index, the outcome of one rollout batch (rows of all ranks). A sample is correct at reward ≥ 1."""
     out: dict[int, Outcome] = {}
     for index, reward, trunc, length in zip(indices, rewards, truncated, lengths):
@@ -129,7 +131,8 @@ class PromptStats:
 
     def load_state_dict(self, state: dict) -> None:
         self.by_stage = {
-            int(stage): {pid: Outcome(*counts) for pid, counts in per_prompt.items()} for stage, per_prompt in state.items()
+            int(stage): {pid: Outcome(*counts) for pid, counts in per_prompt.items()}
+            for stage, per_prompt in state.items()
         }
 
 
@@ -319,16 +322,16 @@ class PromptSchedule:
             return
         for new_stage in range(self.pool.stage + 1, index + 1):
             removed = self.pool.apply_online_filter(self.stats, new_stage, threshold, unsolved_after)
-            warn(f"Stage {new_stage} starts at step {start_step}: the online filter removed {removed['solved']} solved "
-                 f"and {removed['unsolved']} never-solved prompts; pool: {len(self.pool)} rows.")
+            warn(f"Stage {new_stage} starts at step {start_step}: the online filter removed {removed['solved']} "
+                 f"solved and {removed['unsolved']} never-solved prompts; pool: {len(self.pool)} rows.")
         self.position = {"stage": index, "consumed": 0, "refill": 0}
         if len(self.pool) < batch_size:
             raise ValueError(
                 f"Stage {index}: the online filter left {len(self.pool)} prompts in the pool, fewer than one batch of "
-                f"{batch_size} — {removed['solved']} left for accuracy >= online_filter_threshold={threshold} in stage "
-                f"{index - 1}, {removed['unsolved']} for online_filter_unsolved_after={unsolved_after}. Raise the "
-                "threshold (or set it to None), unset online_filter_unsolved_after, add prompts, or lower the stage's "
-                "batch_size."
+                f"{batch_size} — {removed['solved']} left for accuracy >= online_filter_threshold={threshold} in "
+                f"stage {index - 1}, {removed['unsolved']} for online_filter_unsolved_after={unsolved_after}. Raise "
+                "the threshold (or set it to None), unset online_filter_unsolved_after, add prompts, or lower the "
+                "stage's batch_size."
             )
 
     def new_sampler(self, stage: int, batch_size: int, num_generations: int, repeat_count: int) -> PromptSampler:

@@ -6,7 +6,8 @@ past them stops a run after the model has loaded, or trains on in silence: `top_
 A value is valid when it is a number (`bool` is not), finite, an integer where the entry says so, and inside the
 entry's interval — or `None` where the field may be unset, or one of the entry's `special` values (`max_steps=-1`:
 "train `num_train_epochs` epochs"). `check_ranges(config)` raises one `ValueError` naming the field, its value, the
-valid range and why; `tests/trainer/test_or1_config.py` walks the table (each bound refused one step outside, accepted on it).
+valid range and why; `tests/trainer/test_or1_config.py` walks the table (each bound refused one step outside, accepted
+on it).
 
 Relations between fields (`entropy_coef_min <= entropy_coef_max`, a batch divisible by `num_generations`) are checked
 where they are used (`OR1Config._validate_or1`, TRL's `GRPOConfig.__post_init__`), after these.
@@ -45,7 +46,8 @@ class Range:
     def describe(self) -> str:
         """The valid range in words: "an integer >= 1", "in (0, 1]", "> 0 and finite", "an integer >= 1, or -1"."""
         if self.low is not None and self.high is not None:
-            text = f"in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}{')' if self.high_open else ']'}"
+            low, high = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            text = f"in {low}{_num(self.low)}, {_num(self.high)}{high}"
         elif self.low is not None:
             text = f"{'>' if self.low_open else '>='} {_num(self.low)}"
         elif self.high is not None:

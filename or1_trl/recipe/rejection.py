@@ -22,7 +22,6 @@ tensors and batch dicts, testable without a trainer.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,7 +129,8 @@ def concat_batches(first: dict[str, Any], second: dict[str, Any], pad_token_id: 
     """Join two of TRL's rollout batches row-wise (refill rounds): prompts left-padded, completions right-padded to
     the longer of the two. Batch-level scalars (`num_items_in_batch`) are left to the caller to recount."""
     out = {}
-    for key in [*first, *(k for k in second if k not in first)]:  # first's order: TRL sizes the batch by its first entry
+    # first's order: TRL sizes the batch by its first entry
+    for key in [*first, *(k for k in second if k not in first)]:
         a, b = first.get(key), second.get(key)
         if a is None or b is None or (isinstance(a, torch.Tensor) and a.ndim == 0):
             out[key] = a if b is None or (isinstance(a, torch.Tensor) and a.ndim == 0) else b
@@ -149,8 +149,8 @@ def concat_batches(first: dict[str, Any], second: dict[str, Any], pad_token_id: 
             out[key] = torch.cat([pad(a), pad(b)])
         else:
             raise ValueError(
-                f"Cannot join rollout batches with entry {key!r} (multimodal inputs): rejection_refill_rounds supports "
-                "text-only batches."
+                f"Cannot join rollout batches with entry {key!r} (multimodal inputs): rejection_refill_rounds "
+                "supports text-only batches."
             )
     return out
 
@@ -243,32 +243,3 @@ def reject(batch: dict[str, Any], rewards: torch.Tensor, num_generations: int, m
     else:
         batch = mask_batch(batch, keep_rows)
     return Rejection(batch, outcomes, metrics)
-
-
-@contextmanager
-def row_gathers_padded(accelerator, active: bool = True):
-    """While open (and `active`), `accelerator.gather` NaN-pads floating per-row tensors to the longest rank's row count first.
-
-    After `"compact"` the ranks hold different numbers of rows, but TRL's `_compute_loss` gathers two per-row
-    metrics (`clip_ratio/low_min`, `clip_ratio/high_max`) with a plain all-gather, which needs equal shapes: with
-    unequal rows gloo aborts ("Received data size doesn't match expected size"). TRL reduces both with `nanmin` /
-    `nanmax`, and rows with no kept token are already NaN there, so NaN padding changes no metric. Scalars and
-    integer tensors are gathered as they are. Scoped to this accelerator object (an instance attribute, removed on
-    exit), so other trainers in the process are untouched. Each padded gather costs one more collective (the sizes),
-    so the trainer sets `active` only for a batch from `"compact"`: otherwise every rank holds the same rows.
-    """
-    if not active or accelerator.num_processes == 1:
-        yield
-        return
-    gather = accelerator.gather
-
-    def padded_gather(tensor):
-        if isinstance(tensor, torch.Tensor) and tensor.ndim > 0 and tensor.is_floating_point():
-            tensor = accelerator.pad_across_processes(tensor, dim=0, pad_index=float("nan"))
-        return gather(tensor)
-
-    accelerator.gather = padded_gather
-    try:
-        yield
-    finally:
-        del accelerator.gather  # the class's method again

@@ -5,12 +5,14 @@ the generator's (the train/inference mismatch), length-safe.
 
 `OR1Config.rollout_correction` (`c` = `rollout_correction_cap`):
 
-| mode | weight of token t of sequence i |
-|---|---|
-| `"off"` | 1: no correction toward the generator (the paper; Skywork's code recomputes the old log-probs with the trainer) |
-| `"token_truncate"` | min(r_t, c): per-token truncated importance sampling (TIS) |
-| `"geo_mask_token_truncate"` | min(r_t, c) if (Π_t r_t)^(1/n_i) ∈ [1/c, c], else 0: the sequence is kept iff the geometric mean of its ratios lies in [1/c, c] — independent of its length n_i — then per-token TIS |
-| `"trl"` | TRL's `vllm_importance_sampling_*` as set (`trl_weights` mirrors them) |
+The weight of token t of sequence i, by mode:
+
+- `"off"`: 1, no correction toward the generator (the paper; Skywork's code recomputes the old log-probs with the
+  trainer);
+- `"token_truncate"`: min(r_t, c), per-token truncated importance sampling (TIS);
+- `"geo_mask_token_truncate"`: min(r_t, c) if (Π_t r_t)^(1/n_i) ∈ [1/c, c], else 0: the sequence is kept iff the
+  geometric mean of its ratios lies in [1/c, c] — independent of its length n_i — then per-token TIS;
+- `"trl"`: TRL's `vllm_importance_sampling_*` as set (`trl_weights` mirrors them).
 
 TRL's default (`sequence_mask`, clip_max 3): a sequence is kept iff exp(Σ_t log r_t) ∈ (0, 3]. The sum grows with
 the length: a per-token gap of 7e-5 reaches ln 3 at 16K tokens, and zero-mean noise of spread σ gives the sum a
@@ -72,7 +74,8 @@ def correction_weights(trainer_logps: torch.Tensor, rollout_logps: torch.Tensor,
     if mode == "off":
         return torch.ones_like(mask, dtype=torch.float32)
     if mode not in OUR_MODES:
-        raise ValueError(f"correction_weights: mode={mode!r} is not one of {['off', *OUR_MODES]} ('trl': trl_weights).")
+        raise ValueError(f"correction_weights: mode={mode!r} is not one of {['off', *OUR_MODES]} ('trl': "
+                         "trl_weights).")
     if not cap > 1.0:
         raise ValueError(f"correction_weights: cap={cap} must be > 1.")
     log_ratios = token_log_ratios(trainer_logps, rollout_logps, mask)  # [B, T]
@@ -83,7 +86,8 @@ def correction_weights(trainer_logps: torch.Tensor, rollout_logps: torch.Tensor,
 
 
 def trl_weights(trainer_logps: torch.Tensor, rollout_logps: torch.Tensor, mask: torch.Tensor,
-                mode: str = "sequence_mask", clip_min: float | None = None, clip_max: float | None = 3.0) -> torch.Tensor:
+                mode: str = "sequence_mask", clip_min: float | None = None,
+                clip_max: float | None = 3.0) -> torch.Tensor:
     """TRL 1.16's `importance_sampling_ratio` (`GRPOTrainer._generate_and_score_completions`), for the benchmark and
     the tests: `[B, 1]` for its `sequence_*` modes (one ratio exp(Σ_t log r_t) per sequence), `[B, T]` for `token_*`;
     `*_truncate` clamps to [clip_min, clip_max], `*_mask` sets a ratio outside them to 0. Defaults: TRL's."""
@@ -104,7 +108,8 @@ ROW_STATS = ("tokens", "masked", "log_ratio_sum")
 
 def row_stats(weights: torch.Tensor, log_ratios: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """`[B, 3]` per row (`ROW_STATS`): its tokens n_i, 1.0 if it has tokens and all of their weights are 0 (masked),
-    and Σ_t log r_t. `weights` `[B, T]` or `[B, 1]` (TRL's sequence modes). Gather these over ranks, then `summarise`."""
+    and Σ_t log r_t. `weights` `[B, T]` or `[B, 1]` (TRL's sequence modes). Gather these over ranks, then
+    `summarise`."""
     mask = mask.float()
     tokens = mask.sum(dim=1)  # [B]
     kept_mass = (weights.expand_as(mask).float() * mask).abs().sum(dim=1)  # [B]
@@ -175,17 +180,17 @@ class MismatchWatch:
 
     def _message(self, metrics, frac, q1, q4) -> str:
         gaps = ", ".join(f"{metrics.get(f'{PREFIX}/log_ratio_q{q}', math.nan):.2e}" for q in range(1, QUARTILES + 1))
-        head = (f"Rollout correction: {frac:.0%} of this rollout's completions got weight 0 (shortest quarter {q1:.0%}, "
-                f"longest {q4:.0%}); mean per-token log π_trainer − log π_vllm by length quarter: {gaps}. ")
+        head = (f"Rollout correction: {frac:.0%} of this rollout's completions got weight 0 (shortest quarter "
+                f"{q1:.0%}, longest {q4:.0%}); mean per-token log π_trainer − log π_vllm by length quarter: {gaps}. ")
         if self.mode == "trl":
-            remedy = ("TRL's sequence modes compare exp(Σ_t log-ratio), a sum over the completion's tokens, with their "
-                      "clip range, so long completions leave the update first: set rollout_correction="
+            remedy = ("TRL's sequence modes compare exp(Σ_t log-ratio), a sum over the completion's tokens, with "
+                      "their clip range, so long completions leave the update first: set rollout_correction="
                       "'geo_mask_token_truncate' (length-independent geometric mask, then per-token truncation) or "
                       "'token_truncate'. ")
         else:
-            remedy = (f"With rollout_correction={self.mode!r} a sequence is masked only when the geometric mean of its "
-                      f"ratios leaves [1/{self.cap:g}, {self.cap:g}]: the generator and the trainer disagree far more "
-                      "than precision noise. ")
+            remedy = (f"With rollout_correction={self.mode!r} a sequence is masked only when the geometric mean of "
+                      f"its ratios leaves [1/{self.cap:g}, {self.cap:g}]: the generator and the trainer disagree far "
+                      "more than precision noise. ")
         return head + remedy + (
             "Check that both sides compute the same model: the server's dtype against the trainer's (or1-trl serve "
             "--dtype), that weight sync reaches the server each step, --logprobs-mode processed_logprobs, the same "
@@ -215,7 +220,8 @@ class RolloutCorrection:
         """Correct `batch` (one rank's rollout batch, in place) and append to `metrics` (the trainer's per-mode lists);
         returns the warnings due. `gather`: the all-gather over ranks (every rank calls this)."""
         trainer_logps, rollout_logps = batch.get("old_per_token_logps"), batch.get("sampling_per_token_logps")
-        if self.mode == "off" or trainer_logps is None or rollout_logps is None or "importance_sampling_ratio" not in batch:
+        if (self.mode == "off" or trainer_logps is None or rollout_logps is None
+                or "importance_sampling_ratio" not in batch):
             return []
         mask = batch["completion_mask"].float()  # [b, T]
         if batch.get("tool_mask") is not None:

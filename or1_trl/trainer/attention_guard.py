@@ -97,6 +97,6 @@ def apply(decision: GuardDecision, announce: bool = True) -> bool:
 def guard(enabled: bool, model, announce: bool = True) -> GuardDecision:
     """`decide` for this process's CUDA device, `model`'s attention and the installed torch, then `apply`."""
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    decision = decide(cuda_capability(), attention, torch.__version__, enabled)
+    decision = decide(cuda_capability(), attention, torch_version=torch.__version__, enabled=enabled)
     apply(decision, announce)
     return decision

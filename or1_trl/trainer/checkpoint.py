@@ -112,7 +112,8 @@ def write_state(folder: str, states: dict[str, dict], required: list[str]) -> No
     for root, _, _ in os.walk(folder):  # the folders' entries (new names) reach the disk too
         fsync(root)
     checksum = f"crc32 of the first and last {EDGE_BYTES} bytes"
-    write_json_atomic(os.path.join(folder, MARKER_FILE), {"version": MARKER_VERSION, "checksum": checksum, "files": files})
+    write_json_atomic(os.path.join(folder, MARKER_FILE),
+                      {"version": MARKER_VERSION, "checksum": checksum, "files": files})
     fsync(folder)
 
 
@@ -155,7 +156,8 @@ def find_problems(folder: str, required: list[str]) -> list[str]:
             continue
         actual = fingerprint(path)
         if actual["size"] != expected["size"]:
-            problems.append(f"{name} is {actual['size']} bytes, the marker says {expected['size']} (truncated or changed)")
+            problems.append(f"{name} is {actual['size']} bytes, the marker says {expected['size']} (truncated or "
+                            "changed)")
         elif actual["crc32"] != expected["crc32"]:
             problems.append(f"{name} differs from its checksum in the marker (corrupted)")
     return problems
@@ -277,9 +279,9 @@ def check_output_dir(output_dir: str, resume_from_checkpoint: str | bool | None,
         shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
         if found == [PROMPT_STATS_LOG]:  # killed before its first checkpoint: nothing to continue from
             raise ValueError(
-                f"{output_dir} holds a previous run's {PROMPT_STATS_LOG} but no checkpoint, so --resume_from_checkpoint "
-                "true cannot continue it: pass --overwrite_output_dir true to start over and delete it "
-                "(OR1Config(overwrite_output_dir=True)), or choose another --output_dir."
+                f"{output_dir} holds a previous run's {PROMPT_STATS_LOG} but no checkpoint, so "
+                "--resume_from_checkpoint true cannot continue it: pass --overwrite_output_dir true to start over and "
+                "delete it (OR1Config(overwrite_output_dir=True)), or choose another --output_dir."
             )
         raise ValueError(
             f"{output_dir} holds a previous run ({shown}): pass --resume_from_checkpoint true to continue it "
@@ -297,13 +299,15 @@ def start_over(output_dir: str) -> list[str]:
     return found
 
 
-def prepare_output_dir(output_dir: str, resume_from_checkpoint, overwrite_output_dir: bool, main_process: bool) -> None:
+def prepare_output_dir(output_dir: str, resume_from_checkpoint, overwrite_output_dir: bool,
+                       main_process: bool) -> None:
     """At the start of training: `check_output_dir`, then, with `overwrite_output_dir`, `start_over` (main process)."""
     check_output_dir(output_dir, resume_from_checkpoint, overwrite_output_dir)
     if overwrite_output_dir and main_process:
         removed = start_over(output_dir)
         if removed:
-            logger.warning(f"overwrite_output_dir=True: starting over in {output_dir}, removed the previous run's {removed}.")
+            logger.warning(f"overwrite_output_dir=True: starting over in {output_dir}, removed the previous run's "
+                           f"{removed}.")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -348,8 +352,8 @@ def saving(folder: str):
         shutil.rmtree(folder, ignore_errors=True)
         output_dir = os.path.dirname(folder)
         raise DiskFullError(
-            f"no space left on {output_dir}: {os.path.basename(folder)} was not saved (its partial folder is removed); "
-            f"free space, then --resume_from_checkpoint true ({_resume_hint(output_dir)})."
+            f"no space left on {output_dir}: {os.path.basename(folder)} was not saved (its partial folder is "
+            f"removed); free space, then --resume_from_checkpoint true ({_resume_hint(output_dir)})."
         ) from None
 
 
@@ -377,7 +381,8 @@ def saving_final(output_dir: str):
 def stop_with_checkpoint(trainer):
     """Around a rollout of `trainer` (an `OR1Trainer`): record `vllm/resyncs` (resyncs so far) and, after a disk push,
     `vllm/sync_seconds/<phase>` and `vllm/sync_bytes`; on `ServerDownError` (raised on every
-    rank together) save a complete checkpoint of the last finished step, unless one is there, and stop with one line."""
+    rank together) save a complete checkpoint of the last finished step, unless one is there, and stop with one
+    line."""
     try:
         yield
     except ServerDownError as error:
@@ -386,8 +391,8 @@ def stop_with_checkpoint(trainer):
         if find_problems(folder, trainer._checkpoint_files()):
             trainer._save_checkpoint(trainer.model, trial=None)
         raise ServerDownError(
-            f"{error}: training stopped at step {step}, {os.path.basename(folder)} is complete (nothing lost); restart "
-            "the server (or1-trl serve ...), then resume with --resume_from_checkpoint true."
+            f"{error}: training stopped at step {step}, {os.path.basename(folder)} is complete (nothing lost); "
+            "restart the server (or1-trl serve ...), then resume with --resume_from_checkpoint true."
         ) from None
     generation = getattr(trainer, "vllm_generation", None)
     resyncs = getattr(generation, "resyncs", None)

@@ -111,7 +111,7 @@ class LigerLogProbFunction:
             hidden.to(dtype),
             weight.to(dtype),
             targets,
-            temperature / logit_scale,
+            temperature=temperature / logit_scale,
             compute_entropy="entropy" in outputs,
             tokens_per_call=None if device.type == "cuda" else CPU_TOKENS_PER_CALL,
         )
@@ -185,7 +185,8 @@ def resolve_logprob_backend(requested: str, model, device: torch.device) -> tupl
     problem = _liger_cannot_run(model, device)
     if requested == "liger":
         if problem is not None:
-            raise ValueError(f"logprob_backend='liger' cannot run here: {problem}. Use logprob_backend 'trl' or 'auto'.")
+            raise ValueError(f"logprob_backend='liger' cannot run here: {problem}. Use logprob_backend 'trl' or "
+                             "'auto'.")
         return "liger", "requested"
     if problem is not None:
         return "trl", f"auto: {problem}"

@@ -13,12 +13,15 @@ open at that moment:
 | `rollout` | TRL's `_generate`: tokenising the prompts, the vLLM weight sync, generation (HF or vLLM), decoding |
 | `reward` | TRL's `_calculate_rewards`: the reward functions, and the gather of the rewards over ranks |
 | `update` | `training_step` (policy forward, loss, backward of every micro-step) and `optimizer.step()` |
-| `other` | the rest of the step's wall clock: the rollout's bookkeeping (padding, advantages, rejection and its refill logic, per-prompt statistics; with N_SGD > 1 TRL's log-prob forward pass over the rollout, and a reference model's), data loading, gradient clipping, the scheduler, logging, checkpoints and evaluation |
+| `other` | the rest of the step's wall clock (below) |
 
-The step's wall clock runs from the end of the previous optimizer step (`on_step_end`) to the end of this one, so the
-per-step seconds add up to the training time, and `other` is that wall clock minus the three phases. The logged
-keys are `time/{phase}_s`, `time/{phase}_share` and `time/step_s`, each the main process's own timing (averaged
-over the steps of a logging window when `logging_steps > 1`).
+`other` holds the rollout's bookkeeping (padding, advantages, rejection and its refill logic, per-prompt statistics;
+with N_SGD > 1 TRL's log-prob forward pass over the rollout, and a reference model's), data loading, gradient
+clipping, the scheduler, logging, checkpoints and evaluation. The step's wall clock runs from the end of the previous
+optimizer step (`on_step_end`) to the end of this one, so the per-step seconds add up to the training time, and `other`
+is that wall clock minus the three phases. The logged keys are `time/{phase}_s`, `time/{phase}_share` and
+`time/step_s`, each the main process's own timing (averaged over the steps of a logging window when
+`logging_steps > 1`).
 
 The timers are CPU clocks (`time.perf_counter`) read when a phase opens or closes: nothing synchronises the device
 for them. On CPU they are exact. On CUDA they measure when the *host* got through each phase; device work launched
@@ -126,7 +129,8 @@ class StepTimer:
             self.exit()
 
     def end_step(self) -> dict[str, float]:
-        """Close the current step: `time/step_s`, `time/{phase}_s` and `time/{phase}_share`; the next step starts now."""
+        """Close the current step: `time/step_s`, `time/{phase}_s` and `time/{phase}_share`; the next step starts
+        now."""
         self._advance()
         total = self._last - self._step_start
         seconds = dict(self._spent)
@@ -335,10 +339,11 @@ class EntropyWatch:
     def _low_start_message(self, start: float) -> str:
         return (
             f"The policy's entropy over its first {self.start_steps} steps is {start:.3g} nats, already at or below "
-            f"entropy_target={self.target:g}: adaptive entropy control adds the entropy bonus from step 1 and holds the "
-            "entropy up at the target instead of letting it fall (the paper's target assumes a model whose entropy "
-            "starts above it). If that is not what you want: set entropy_target below the starting entropy, "
-            "use_adaptive_entropy=False, or a smaller entropy_coef_max / entropy_coef_delta (entropy_preset='released')."
+            f"entropy_target={self.target:g}: adaptive entropy control adds the entropy bonus from step 1 and holds "
+            "the entropy up at the target instead of letting it fall (the paper's target assumes a model whose "
+            "entropy starts above it). If that is not what you want: set entropy_target below the starting entropy, "
+            "use_adaptive_entropy=False, or a smaller entropy_coef_max / entropy_coef_delta "
+            "(entropy_preset='released')."
             + (f" This run: {self._settings()}." if self.settings else "")
         )
 
@@ -384,8 +389,9 @@ class SkippedStepWatch:
         if outcomes is not None and int(outcomes.keep.sum()) == 0:
             n, none, solved = outcomes.num_groups, int(outcomes.solve_none.sum()), int(outcomes.solve_all.sum())
             return head + (
-                f"Every group was rejected (all its rewards equal); in the last rollout, of {n} groups {none} had every "
-                f"sample fail and {solved} every sample solved" + (f", {n - none - solved} other" if n - none - solved
+                f"Every group was rejected (all its rewards equal); in the last rollout, of {n} groups {none} had "
+                f"every sample fail and {solved} every sample solved" + (f", {n - none - solved} "
+                                                                         "other" if n - none - solved
                 else "") + ". Check that the reward reads the right gold column and scores a correct answer 1 "
                 "(rewards/<name>/mean), that completions can finish within max_completion_length "
                 "(completions/clipped_ratio; a truncated completion scores 0), and the prompts' difficulty for this "
@@ -420,9 +426,33 @@ class RunWatch:
 
     def end_step(self, coef: float, reduce: Callable, rollout) -> list[str]:
         """At an optimizer step's end: the entropy warnings (collapse, low start; `reduce` sums over ranks) and the
-        skipped-step warning for the step's `rollout` (`recipe/rollout.Rollout`), those that are due."""
+        skipped-step warning for the step's `rollout` (`trainer/rollout_record.Rollout`), those that are due."""
         return self.entropy.end_step(coef, reduce) + self.skipped.observe(rollout.skip_update, rollout.outcomes)
+
+    def log_loss(self, metrics: dict[str, list], gather: Callable, policy_loss: torch.Tensor, alpha: float,
+                 entropies: torch.Tensor, mask: torch.Tensor, training: bool) -> None:
+        """A micro-step's loss metrics besides TRL's into `metrics` (the trainer's lists of the mode): α, the policy
+        loss over ranks (`gather`), and while training the rows forwarded and the entropy watch's input; TRL's
+        `entropy` NaN where no rank kept a token. `entropies`, `mask`: `[b, T]`."""
+        losses, kept = gather(torch.stack([policy_loss.float(), mask.sum()])[None]).T  # [ranks] each
+        if not kept.sum().item():  # no kept token on any rank: TRL's 0.0 `entropy` measured nothing; NaN: not logged
+            metrics["entropy"][-1] = float("nan")
+        metrics["entropy/alpha"].append(alpha)
+        metrics["entropy/active"].append(float(alpha != 0.0))
+        metrics["policy_loss"].append(losses.nanmean().item())
+        if training:
+            metrics["rejection/rows_forwarded"].append(float(mask.size(0)))
+            self.entropy.add(entropies.detach(), mask)  # summed over ranks once, at the step's end
 
     def timed(self, phase: str, training: bool):
         """Charge the block to `phase` of the step's time split (training only: evaluation counts as "other")."""
         return self.timer.phase(phase) if training else nullcontext()
+
+
+def changed_defaults(args) -> list[str]:
+    """The line that says which defaults `OR1Config` (the MAGIC recipe) changes of `GRPOConfig`'s, or none."""
+    changed = args.changed_defaults()
+    if not changed:
+        return []
+    return ["OR1Config runs the MAGIC recipe; these defaults differ from GRPOConfig's (set them to change): "
+            + ", ".join(f"{name}={value!r} (GRPOConfig: {trl!r})" for name, value, trl in changed)]

@@ -110,8 +110,8 @@ def check_liger_layer_kernels(args) -> None:
             "use_liger_kernel=True runs Liger's layer kernels (RMSNorm, SwiGLU, RoPE), which are Triton kernels for "
             f"CUDA GPUs only; this run is on the CPU (use_cpu={args.use_cpu}, "
             f"CUDA available: {torch.cuda.is_available()}). "
-            "Set use_liger_kernel=False. The memory-saving part of Liger, its fused log-prob/entropy head, runs on CPU "
-            "too: logprob_backend='liger' (or 'auto')."
+            "Set use_liger_kernel=False. The memory-saving part of Liger, its fused log-prob/entropy head, runs on "
+            "CPU too: logprob_backend='liger' (or 'auto')."
         )
 
 
@@ -186,9 +186,9 @@ class OR1Config(GRPOConfig):
             full-vocabulary entropy, the quantity the loss term differentiates) or `"sampled"` (−mean log-prob of
             the sampled tokens, as the released code).
         entropy_collapse_fraction (`float`, *optional*, defaults to `0.5`):
-            The entropy-collapse warning (`or1_trl/trainer/observability.py`) fires once when the entropy stays below this
-            fraction of `entropy_target` for `entropy_collapse_steps` steps while the controller is saturated
-            (c = c_max) or off.
+            The entropy-collapse warning (`or1_trl/trainer/observability.py`) fires once when the entropy stays below
+            this fraction of `entropy_target` for `entropy_collapse_steps` steps while the controller is saturated (c =
+            c_max) or off.
         entropy_collapse_steps (`int`, *optional*, defaults to `10`):
             Consecutive steps for the entropy-collapse warning; 0 disables it.
 
@@ -199,20 +199,21 @@ class OR1Config(GRPOConfig):
             token, T_k — TRL) or `"selected"` (only the selected high-entropy tokens of the micro-batch — the official
             80/20 code, ≈1/ρ larger gradient). The entropy term and the controller always use all kept tokens.
         truncated_advantage_mask (`str`, *optional*, defaults to `"none"`):
-            The advantage masks for truncated responses of the paper's ablation (§3.2.3, `or1_trl/recipe/advantages.py`):
-            `"none"` (the paper's choice: truncated responses keep their reward and advantage), `"after"` (they stay
-            in the group's mean and std, then get advantage 0) or `"before"` (they leave the group's statistics
-            too and get advantage 0; rejection sampling then judges a group on its non-truncated rewards). Their
-            tokens stay in T_k and the entropy term; TRL's `mask_truncated_completions` instead removes them from
-            the loss altogether, group statistics untouched.
+            The advantage masks for truncated responses of the paper's ablation (§3.2.3,
+            `or1_trl/recipe/advantages.py`): `"none"` (the paper's choice: truncated responses keep their reward and
+            advantage), `"after"` (they stay in the group's mean and std, then get advantage 0) or `"before"` (they
+            leave the group's statistics too and get advantage 0; rejection sampling then judges a group on its
+            non-truncated rewards). Their tokens stay in T_k and the entropy term; TRL's `mask_truncated_completions`
+            instead removes them from the loss altogether, group statistics untouched.
 
         > Parameters that control multi-stage training and the prompt pool (§3.2.2, §3.1)
 
         stages (`list[dict]` or `None`, *optional*, defaults to `None`):
-            Multi-stage training (paper §3.2.2, `or1_trl/recipe/stages.py`): a list of `{until_step, max_completion_length,
-            batch_size, mini_batch_size, num_generations, temperature, learning_rate}` (all but `until_step` optional;
-            batch sizes are prompts over all ranks). Transitions happen at optimizer-step boundaries within one
-            `train()`; optimizer, scheduler, controller, prompt pool and statistics carry over. `None`: one stage.
+            Multi-stage training (paper §3.2.2, `or1_trl/recipe/stages.py`): a list of `{until_step,
+            max_completion_length, batch_size, mini_batch_size, num_generations, temperature, learning_rate}` (all but
+            `until_step` optional; batch sizes are prompts over all ranks). Transitions happen at optimizer-step
+            boundaries within one `train()`; optimizer, scheduler, controller, prompt pool and statistics carry over.
+            `None`: one stage.
         prompt_id_column (`str`, *optional*, defaults to `"id"`):
             Dataset column with a unique id per prompt; without it, ids are a hash of the prompt's content.
         online_filter_threshold (`float` or `None`, *optional*, defaults to `1.0`):
@@ -236,14 +237,14 @@ class OR1Config(GRPOConfig):
         rollout_correction_cap (`float`, *optional*, defaults to `2.0`):
             c > 1: the per-token truncation cap and the geometric mask's bound [1/c, c].
         async_generation (`bool`, *optional*, defaults to `False`):
-            One-step-off rollouts (`or1_trl/generation/overlap.py`, `docs/async_generation.md`): while update k runs, the vLLM
-            server generates the rollout of step k+1 from the weights update k−1 left, requested over HTTP from a
-            background thread; the weights are pushed between updates. Needs `use_vllm=True, vllm_mode="server"` and
-            a `rollout_correction` that weights by the generator's log-probs (not `"off"`): they are the behaviour
+            One-step-off rollouts (`or1_trl/generation/overlap.py`, `docs/async_generation.md`): while update k runs,
+            the vLLM server generates the rollout of step k+1 from the weights update k−1 left, requested over HTTP
+            from a background thread; the weights are pushed between updates. Needs `use_vllm=True, vllm_mode="server"`
+            and a `rollout_correction` that weights by the generator's log-probs (not `"off"`): they are the behaviour
             policy of the stale rollout; one rollout per update (`num_iterations=1`, `steps_per_generation` =
             `gradient_accumulation_steps`); single-turn generation (no tools, environments or `rollout_func`). The
-            first step, a stage's first and the first after a resume generate synchronously. Not the paper's
-            recipe, which is on-policy (a warning says so).
+            first step, a stage's first and the first after a resume generate synchronously. Not the paper's recipe,
+            which is on-policy (a warning says so).
         max_staleness (`int`, *optional*, defaults to `1`):
             With `async_generation`: the most updates between the weights that generated a rollout and the update
             that trains on it (logged as `async/staleness`); a staler rollout is an error. At least 1.
@@ -291,16 +292,16 @@ class OR1Config(GRPOConfig):
 
         logprob_backend (`str`, *optional*, defaults to `"auto"`):
             What computes the per-token log-probs and entropies of every pass (policy, old policy, reference), without
-            `[B, T, V]` logits (`or1_trl/trainer/logprobs.py`): `"trl"` (TRL's fused LM head), `"liger"` (Liger-Kernel's
-            fused linear scaled cross-entropy inside TRL's head; an error where Liger cannot run the model) or
-            `"auto"` (`"liger"` on CPU, where `benchmarks/memory.py` measured it lowest; `"trl"` on GPUs, not measured,
-            and wherever Liger cannot run). Same loss, gradient and metrics within float tolerance.
+            `[B, T, V]` logits (`or1_trl/trainer/logprobs.py`): `"trl"` (TRL's fused LM head), `"liger"`
+            (Liger-Kernel's fused linear scaled cross-entropy inside TRL's head; an error where Liger cannot run the
+            model) or `"auto"` (`"liger"` on CPU, where `benchmarks/memory.py` measured it lowest; `"trl"` on GPUs, not
+            measured, and wherever Liger cannot run). Same loss, gradient and metrics within float tolerance.
         padding_free (`bool`, *optional*, defaults to `False`):
-            Forward the log-prob passes (policy, old policy, reference) without padding (`or1_trl/trainer/packing.py`): the
-            rows' real tokens end to end in packed rows, `position_ids` restarting per sequence (transformers'
+            Forward the log-prob passes (policy, old policy, reference) without padding (`or1_trl/trainer/packing.py`):
+            the rows' real tokens end to end in packed rows, `position_ids` restarting per sequence (transformers'
             block-diagonal mask); the per-token results go back to TRL's padded layout, so the loss and metrics are
-            unchanged. Text-only, attention `"sdpa"`, `"eager"` or flash-attention; one process, DDP, DeepSpeed ZeRO
-            or FSDP2 (under ZeRO-3 and FSDP every rank runs as many forwards; under ZeRO-3 they are not checkpointed).
+            unchanged. Text-only, attention `"sdpa"`, `"eager"` or flash-attention; one process, DDP, DeepSpeed ZeRO or
+            FSDP2 (under ZeRO-3 and FSDP every rank runs as many forwards; under ZeRO-3 they are not checkpointed).
         max_tokens_per_microbatch (`int` or `None`, *optional*, defaults to `None`):
             With `padding_free`: at most this many token slots per forward (a sequence longer gets a forward of its
             own); every forward but the last is activation-checkpointed, so the policy pass's activation memory is set
@@ -350,7 +351,8 @@ class OR1Config(GRPOConfig):
             Start over in an `output_dir` that holds a previous run (its `checkpoint-N` folders or
             `prompt_stats.jsonl`): they are removed when training starts. Without it (or `resume_from_checkpoint`,
             which continues the run) such an `output_dir` is refused, so nothing of a previous run is lost silently.
-            (transformers 5 dropped `TrainingArguments.overwrite_output_dir`; this is OR1's, `or1_trl/trainer/checkpoint.py`.)
+            (transformers 5 dropped `TrainingArguments.overwrite_output_dir`; this is OR1's,
+            `or1_trl/trainer/checkpoint.py`.)
 
     Every numeric field the trainer reads — these, TRL's and transformers' — must lie in its range
     (`or1_trl/recipe/ranges.py`, `FIELD_RANGES`: e.g. `top_p` in (0, 1], `temperature` > 0, `max_steps` >= 1 or -1,
@@ -471,8 +473,8 @@ class OR1Config(GRPOConfig):
     )
     async_generation: bool = field(
         default=False,
-        metadata={"help": "One-step-off rollouts: the vLLM server generates step k+1's rollout (weights of update k-1) "
-                  "while update k runs. Needs use_vllm, vllm_mode='server', rollout_correction != 'off'. Not the "
+        metadata={"help": "One-step-off rollouts: the vLLM server generates step k+1's rollout (weights of update "
+                  "k-1) while update k runs. Needs use_vllm, vllm_mode='server', rollout_correction != 'off'. Not the "
                   "paper's on-policy recipe."},
     )
     max_staleness: int = field(
@@ -494,8 +496,8 @@ class OR1Config(GRPOConfig):
         metadata={
             "help": "Directory the trainer writes weights to and the server reads them from (vllm_weight_sync='disk'; "
             "shared storage across nodes). Default: a private /dev/shm/or1-trl-vllm-sync-<random> when tmpfs has room "
-            "and the server reads it, else <output_dir>/_vllm_sync (push_to_hub skips it); the trainer logs which. The server "
-            "loads only from under its `or1-trl serve --sync-root` folders (default /dev/shm)."
+            "and the server reads it, else <output_dir>/_vllm_sync (push_to_hub skips it); the trainer logs which. "
+            "The server loads only from under its `or1-trl serve --sync-root` folders (default /dev/shm)."
         },
     )
     vllm_sync_peft: str = choice_field("auto", SYNC_PEFT_MODES, help=(
@@ -518,13 +520,14 @@ class OR1Config(GRPOConfig):
         "head), 'liger' (Liger-Kernel's fused linear cross-entropy) or 'auto' (liger on CPU, trl on GPUs)."))
     padding_free: bool = field(
         default=False,
-        metadata={"help": "Forward the log-prob passes without padding: rows packed end to end, position_ids restarting "
-                  "per sequence (text-only; sdpa, eager or flash attention)."},
+        metadata={"help": "Forward the log-prob passes without padding: rows packed end to end, position_ids "
+                  "restarting per sequence (text-only; sdpa, eager or flash attention)."},
     )
     max_tokens_per_microbatch: int | None = field(
         default=None,
-        metadata={"help": "With padding_free: token slots per packed forward at most (a longer sequence gets its own); "
-                  "forwards but the last are checkpointed, so this bounds the activation memory. None: one forward."},
+        metadata={"help": "With padding_free: token slots per packed forward at most (a longer sequence gets its "
+                  "own); forwards but the last are checkpointed, so this bounds the activation memory. None: one "
+                  "forward."},
     )
     sharding_fallback: str = choice_field("error", SHARDING_FALLBACKS, help=(
         "The launch asked for DeepSpeed or FSDP and the trainer got something else (accelerate runs FSDP as DDP on "
@@ -671,7 +674,8 @@ class OR1Config(GRPOConfig):
             return
         ours = {"vllm_importance_sampling_correction": False} if self.rollout_correction == "off" else {
             "vllm_importance_sampling_correction": True, "vllm_importance_sampling_mode": "token_truncate",
-            "vllm_importance_sampling_clip_min": None, "vllm_importance_sampling_clip_max": self.rollout_correction_cap}
+            "vllm_importance_sampling_clip_min": None,
+            "vllm_importance_sampling_clip_max": self.rollout_correction_cap}
         current = {name: getattr(self, name) for name in _TRL_IS_FIELDS}
         trl_defaults = {name: _field_default(GRPOConfig, name) for name in _TRL_IS_FIELDS}
         if current != trl_defaults and current != {**current, **ours}:
@@ -697,8 +701,8 @@ class OR1Config(GRPOConfig):
         if not self.vllm_importance_sampling_correction:
             raise ValueError(f"async_generation=True trains on rollouts of older weights, whose log-probs reach the "
                              f"loss only through the rollout correction, which rollout_correction="
-                             f"{self.rollout_correction!r} turns off: set rollout_correction='geo_mask_token_truncate' "
-                             "or 'token_truncate'.")
+                             f"{self.rollout_correction!r} turns off: set "
+                             "rollout_correction='geo_mask_token_truncate' or 'token_truncate'.")
 
     @property
     def stage_list(self) -> list[Stage]:
@@ -768,9 +772,11 @@ class OR1Config(GRPOConfig):
         if self.sync_ref_model:
             departures.append("sync_ref_model=True (MAGIC: no reference model)")
         if self.importance_sampling_level != "token":
-            departures.append(f"importance_sampling_level={self.importance_sampling_level!r} (MAGIC: per-token ratios)")
+            departures.append(f"importance_sampling_level={self.importance_sampling_level!r} (MAGIC: per-token "
+                              "ratios)")
         if self.off_policy_mask_threshold is not None:
-            departures.append(f"off_policy_mask_threshold={self.off_policy_mask_threshold} (MAGIC: no off-policy mask)")
+            departures.append(f"off_policy_mask_threshold={self.off_policy_mask_threshold} (MAGIC: no off-policy "
+                              "mask)")
         if self.async_generation:
             departures.append(f"async_generation=True (MAGIC: on-policy; here a rollout is up to {self.max_staleness} "
                               "update(s) older than the weights it updates)")
@@ -781,14 +787,17 @@ class OR1Config(GRPOConfig):
         if problem:
             raise ValueError(problem)
         if self.max_tokens_per_microbatch is not None and not self.padding_free:
-            raise ValueError("max_tokens_per_microbatch is the packed forwards' budget: set padding_free=True with it.")
+            raise ValueError("max_tokens_per_microbatch is the packed forwards' budget: set padding_free=True with "
+                             "it.")
         if not self.padding_free and any(stage.max_tokens_per_microbatch is not None for stage in self.stage_list):
-            raise ValueError("a stage sets max_tokens_per_microbatch, the packed forwards' budget: set padding_free=True.")
+            raise ValueError("a stage sets max_tokens_per_microbatch, the packed forwards' budget: set "
+                             "padding_free=True.")
         problem = attention_problem((self.model_init_kwargs or {}).get("attn_implementation"))
         if self.padding_free and problem:
             raise ValueError(problem)
         if self.logprob_backend == "liger" and not liger_available():
-            raise ValueError("logprob_backend='liger' needs liger-kernel: pip install liger-kernel==0.8.5 (Linux only).")
+            raise ValueError("logprob_backend='liger' needs liger-kernel: pip install liger-kernel==0.8.5 (Linux "
+                             "only).")
         check_liger_layer_kernels(self)
         if self.rejection_refill_rounds and self.rejection_sampling == "off":
             raise ValueError("rejection_refill_rounds refills rejected groups: it needs rejection_sampling != 'off'.")

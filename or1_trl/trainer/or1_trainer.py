@@ -5,10 +5,10 @@ PPO clipping, the fused LM head (no `[B, T, V]` logits), the 80/20 mask, checkpo
 One step k = one generation batch, on-policy; each hook wraps TRL's (super(), then a few lines calling a module):
 
 0. `__init__`: **pre-flight** (`data/preflight.py`, `packing.py`) before the model loads. `train`: **stages**
-   (§3.2.2, `recipe/stages.StageRun`), one pass of transformers' loop each, resuming from the previous stage's last
+   (§3.2.2, `stage_run.StageRun`), one pass of transformers' loop each, resuming from the previous stage's last
    complete checkpoint (`trainer/checkpoint.py`); at a stage start the **online filter** shrinks the pool
    (`recipe/prompts.PromptSchedule`) that `_get_train_sampler` draws from.
-1. `_calculate_rewards`: the rollout's record (`recipe/rollout.Rollout`): rewards of all ranks, each row's prompt,
+1. `_calculate_rewards`: the rollout's record (`rollout_record.Rollout`): rewards of all ranks, each row's prompt,
    truncation and length, handed to the `_scored` call it belongs to; a returned inf/NaN is an error, or scored 0
    and counted (`trainer/reward_checks.py`).
 2. `_generate_and_score_completions`: the **rollout correction** toward the generator replaces TRL's
@@ -41,62 +41,33 @@ field at `or1_config.TRL_BEHAVIOUR`, the one table of them), the trainer is `GRP
 
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 
 import torch
-from datasets import Dataset
-from transformers import trainer as hf_trainer
-from transformers.trainer_callback import TrainerState
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
-from ..data.preflight import check_datasets, check_prompts_fit
 from ..data.released import released_format_inputs
 from ..eval import model_card
-from ..eval.evaluation import group_pass_at_k, read_summary as read_eval_summary
+from ..eval.evaluation import group_pass_at_k
 from ..generation.overlap import OverlappedRollouts
 from ..generation.vllm_generation import generation_backend
-from ..recipe import stages
 from ..recipe.advantages import leave_group_statistics, zero_truncated
 from ..recipe.entropy import AdaptiveEntropyController, StepWindow
 from ..recipe.loss import Normaliser, magic_loss, sampled_token_entropy, selected_normaliser
-from ..recipe.prompts import PromptSchedule
-from ..recipe.rejection import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY, count_kept, loss_mask, reject, row_gathers_padded
-from ..recipe.rollout import Rollout, row_facts, scalar_rewards
+from ..recipe.rejection import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY, count_kept, loss_mask, reject
 from ..recipe.rollout_correction import RolloutCorrection
-from . import attention_guard, checkpoint, sharding
+from . import attention_guard, checkpoint, sharding, stage_run
 from .logprobs import resolve_logprob_backend, use_logprob_backend
-from .observability import RunWatch, accuracy_metrics, stage_loop_end
-from .or1_config import OR1Config, check_liger_layer_kernels
-from .packing import check_model_attention, check_packable, packed_pass
+from .inputs import INDEX_COLUMN, check_prompt_lengths, keep_last_tokens, preflight, prompt_schedule
+from .observability import RunWatch, accuracy_metrics, changed_defaults
+from .or1_config import OR1Config
+from .packing import check_packable, packed_pass
 from .reward_checks import record_abstentions, screen_rewards
+from .rollout_record import Rollout, row_facts, scalar_rewards
 
 logger = logging.get_logger(__name__)
-
-INDEX_COLUMN = "or1_index"  # added to the train dataset: the row's index, for per-prompt statistics
-
-
-def preflight(model, reward_funcs, args: OR1Config, train_dataset, eval_dataset) -> None:
-    """Bad input fails here, before the model is loaded or anything is generated: Liger's layer kernels, the datasets'
-    columns, rows and gold types (`data/preflight.py`), a model instance's attention with `padding_free`."""
-    check_liger_layer_kernels(args)
-    check_datasets(reward_funcs, train_dataset, eval_dataset)
-    check_model_attention(model, args.padding_free)
-
-
-def prompt_schedule(args: OR1Config, train_dataset) -> tuple[PromptSchedule | None, object]:
-    """The prompt pool over a map-style train dataset (OR1's recipe; stages and refills need one), and the dataset."""
-    if args.recipe == "magic" and isinstance(train_dataset, Dataset):
-        log = os.path.join(args.output_dir, checkpoint.PROMPT_STATS_LOG)
-        return PromptSchedule.over(train_dataset, args.prompt_id_column, args.seed, log, INDEX_COLUMN)
-    if args.stage_list or args.rejection_refill_rounds:
-        raise ValueError("stages and rejection_refill_rounds need a map-style `datasets.Dataset` as train_dataset (the "
-                         "prompt pool indexes it).")
-    return None, train_dataset
-
 
 class OR1Trainer(GRPOTrainer):
     """Drop-in replacement for [`~trl.GRPOTrainer`] that trains with the Skywork-OR1 MAGIC objective.
@@ -124,16 +95,15 @@ class OR1Trainer(GRPOTrainer):
     # The card TRL writes cites the seed papers, then GRPO's (DeepSeekMath).
     _paper = {**model_card.PAPER, "citation": f"{model_card.CITATIONS}\n\n{GRPOTrainer._paper['citation']}"}
 
-    def __init__(
-        self, model, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None, *rest, **kwargs
-    ):
+    def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None,
+                 eval_dataset=None, *rest, **kwargs):
         if args is None:
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = OR1Config(f"{model_name.split('/')[-1]}-OR1")
         args = OR1Config.from_grpo(args)  # a plain GRPOConfig: every OR1 field at TRL's behaviour (`TRL_BEHAVIOUR`)
         # The released (verl) format gets our columns, and each row its verifier when none is given.
         reward_funcs, train_dataset, eval_dataset = released_format_inputs(reward_funcs, train_dataset, eval_dataset)
-        preflight(model, reward_funcs, args, train_dataset, eval_dataset)  # bad input fails before the model loads
+        preflight(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset)
         self.entropy_controller = AdaptiveEntropyController.for_config(args)
         self._or1_loss_enabled = args.or1_loss_enabled
         self._entropy_window = StepWindow()  # e_k over the micro-steps of the current optimizer step
@@ -143,8 +113,8 @@ class OR1Trainer(GRPOTrainer):
         self.logprob_backend = "trl"  # resolved for the device and model below, once the model is loaded
         # What the trainer trains on, and when (§3.1, §3.2.2): the prompt schedule and the stages, checked here.
         self.prompt_schedule, train_dataset = prompt_schedule(args, train_dataset)
-        self._stages = stages.StageRun(args.stage_list, args, args.world_size,
-                                       len(self.prompt_pool) if self.prompt_schedule else 0)
+        pool_size = len(self.prompt_pool) if self.prompt_schedule else 0
+        self._stages = stage_run.StageRun(args.stage_list, args, num_processes=args.world_size, pool_size=pool_size)
         sharding.check_before_loading(args, self._stages.shapes)  # what DeepSpeed cannot run
         # vLLM server mode: TRL's NCCL weight transfer, or safetensors through a shared directory (disk_sync.py).
         # Process-wide: the module-level name TRL builds its backend by is swapped during this call only.
@@ -155,42 +125,60 @@ class OR1Trainer(GRPOTrainer):
         logger.info(f"Log-probs and entropies: logprob_backend={self.logprob_backend!r} ({why}).")
         self._use_logprob_backend()
         attention_guard.guard(args.cudnn_sdpa_guard, policy, announce=self.accelerator.is_main_process)
-        self._check_prompt_lengths()
+        check_prompt_lengths(self, super()._tokenize_prompts, warn=self._warn, completion_length=max(
+            [args.max_completion_length] + [shape.max_completion_length for shape in self._stages.shapes]))
         self._watch = RunWatch(args)  # the time split, final trainer_state.json, entropy and skip warnings
         self.update_skip = sharding.attach(self)  # the backend asked for, or one line; skipped updates (`sharding.py`)
         for callback in self._watch.callbacks(self._log_metrics):
             self.add_callback(callback)
-        self._rollout_correction = RolloutCorrection.for_config(args) if args.recipe == "magic" and self.use_vllm else None
+        magic_on_vllm = args.recipe == "magic" and self.use_vllm
+        self._rollout_correction = RolloutCorrection.for_config(args) if magic_on_vllm else None
         # One-step-off rollouts (`generation/overlap.py`), with async_generation.
         self._overlap = OverlappedRollouts.for_trainer(self) if args.async_generation else None
         if self._stages:  # the sampler's own resume, each stage's end, every stage fits vLLM
             self._stages.attach(self)
-        if self.accelerator.is_main_process and (changed := args.changed_defaults()):
-            logger.warning("OR1Config runs the MAGIC recipe; these defaults differ from GRPOConfig's (set them to change): "
-                           + ", ".join(f"{name}={value!r} (GRPOConfig: {trl!r})" for name, value, trl in changed))
+        self._warn(*changed_defaults(args))  # what OR1Config changes of GRPOConfig's defaults, said once
 
-    prompt_pool = property(lambda self: self.prompt_schedule.pool if self.prompt_schedule else None)
-    prompt_stats = property(lambda self: self.prompt_schedule.stats if self.prompt_schedule else None)
+    @property
+    def prompt_pool(self):
+        return self.prompt_schedule.pool if self.prompt_schedule else None
+
+    @property
+    def prompt_stats(self):
+        return self.prompt_schedule.stats if self.prompt_schedule else None
 
     # TRL's own controller state (`entropy_coef`, `_last_world_entropy`) is our controller's state, so TRL's
     # checkpointing (`entropy_ctrl_state.json`) saves and restores it unchanged.
-    entropy_coef = property(lambda self: self.entropy_controller.coef,
-                            lambda self, value: setattr(self.entropy_controller, "coef", value))
-    _last_world_entropy = property(lambda self: self.entropy_controller.last_entropy,
-                                   lambda self, value: setattr(self.entropy_controller, "last_entropy", value))
+    @property
+    def entropy_coef(self) -> float:
+        return self.entropy_controller.coef
+
+    @entropy_coef.setter
+    def entropy_coef(self, value: float) -> None:
+        self.entropy_controller.coef = value
+
+    @property
+    def _last_world_entropy(self):
+        return self.entropy_controller.last_entropy
+
+    @_last_world_entropy.setter
+    def _last_world_entropy(self, value) -> None:
+        self.entropy_controller.last_entropy = value
 
     # --- 1-2. Rewards, per-prompt statistics and rejection sampling (§3.1): T~_k = { i : some A_ij != 0 }
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         with self._watch.timed("reward", self.model.training), record_abstentions(self) as abstained:
-            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions=completions,
+                                                          completion_ids_list=completion_ids_list)
         # A reward function's inf/NaN: an error naming it and the sample, or scored 0 and counted (`reward_checks.py`).
-        rewards_per_func = screen_rewards(self, self._watch.nonfinite, rewards_per_func, abstained, inputs, prompts,
-                                          completions, INDEX_COLUMN)
+        rewards_per_func = screen_rewards(
+            self, self._watch.nonfinite, rewards_per_func=rewards_per_func, abstained=abstained, inputs=inputs,
+            prompts=prompts, completions=completions, index_column=INDEX_COLUMN)
         rollout = Rollout(scalar_rewards(rewards_per_func, self.reward_weights))  # [B*G over all ranks]
         if self.model.training:  # per row, gathered like the rewards: dataset index, truncated, length
             stop = {*self.eos_token_ids, self._tokenizer.pad_token_id}
-            local = torch.tensor(row_facts(inputs, completion_ids_list, stop, INDEX_COLUMN), dtype=torch.long,
-                                 device=rewards_per_func.device)  # [b, 3]
+            facts = row_facts(inputs, completion_ids_list, stop_ids=stop, index_column=INDEX_COLUMN)
+            local = torch.tensor(facts, dtype=torch.long, device=rewards_per_func.device)  # [b, 3]
             rollout.rows = self.accelerator.gather(local)  # [B*G, 3]
             self._log_metrics(accuracy_metrics(rollout.rewards, rollout.rows[:, 1]))
             if self.args.truncated_advantage_mask == "before":  # truncated rows leave the group statistics
@@ -210,7 +198,8 @@ class OR1Trainer(GRPOTrainer):
             batch["advantages"] = zero_truncated(batch["advantages"], truncated)
         if self._rollout_correction is not None:
             mode = "train" if self.model.training else "eval"
-            self._warn(*self._rollout_correction.apply(batch, self.accelerator.gather, self._metrics[mode], mode == "train"))
+            self._warn(*self._rollout_correction.apply(batch, self.accelerator.gather, metrics=self._metrics[mode],
+                                                       training=mode == "train"))
         return batch, rollout
 
     def _generate_and_score_completions(self, inputs):
@@ -229,14 +218,15 @@ class OR1Trainer(GRPOTrainer):
             def more():  # a refill: another rollout batch from the pool, all ranks in lockstep
                 rows = self.prompt_schedule.refill_rows(self._stages.index, num_groups, self.num_generations)
                 start = self.accelerator.process_index * len(inputs)
-                extra, record = self._scored([self.train_dataset[index] for index in rows[start : start + len(inputs)]])
+                extra, record = self._scored([self.train_dataset[i] for i in rows[start : start + len(inputs)]])
                 self._record_prompt_stats(record, refill=True)  # a refill's record is only for the statistics
                 return extra, record.judged_rewards
 
             num_groups = len(rollout.rewards) // self.num_generations
-            rejection = reject(batch, rollout.judged_rewards, self.num_generations, mode,
-                               self.accelerator.process_index, self.args.steps_per_generation,
-                               self._tokenizer.pad_token_id, self.args.rejection_refill_rounds, more)
+            rejection = reject(
+                batch, rollout.judged_rewards, num_generations=self.num_generations, mode=mode,
+                rank=self.accelerator.process_index, steps_per_generation=self.args.steps_per_generation,
+                pad_token_id=self._tokenizer.pad_token_id, refill_rounds=self.args.rejection_refill_rounds, more=more)
             batch, rollout.outcomes = rejection.batch, rejection.outcomes
             self._log_metrics(rejection.metrics)
 
@@ -246,12 +236,14 @@ class OR1Trainer(GRPOTrainer):
         return batch
 
     def _record_prompt_stats(self, rollout: Rollout, refill: bool = False) -> None:
-        """The rollout's per-prompt outcomes (all ranks) into the schedule; a regular rollout's `stage` and `pool/size`."""
+        """The rollout's per-prompt outcomes (all ranks) into the schedule; a regular rollout's stage and pool size."""
         if self.prompt_schedule is None:
             return
-        self.prompt_schedule.record(self._stages.index, self.state.global_step + 1, rollout.rows.tolist(),
-                                    rollout.rewards.tolist(), self.args.generation_batch_size // self.num_generations,
-                                    refill=refill, write_log=self.accelerator.is_main_process)
+        self.prompt_schedule.record(
+            self._stages.index, step=self.state.global_step + 1, rows=rollout.rows.tolist(),
+            rewards=rollout.rewards.tolist(),
+            prompts_per_batch=self.args.generation_batch_size // self.num_generations,
+            refill=refill, write_log=self.accelerator.is_main_process)
         if not refill:
             self._metrics["train"]["stage"].append(float(self._stages.index))
             self._metrics["train"]["pool/size"].append(float(len(self.prompt_pool)))
@@ -260,20 +252,22 @@ class OR1Trainer(GRPOTrainer):
     def _use_logprob_backend(self, temperature: float | None = None) -> None:
         """TRL's fused head on the policy (re-patched at a stage's `temperature`); Liger's kernel (`logprobs.py`)."""
         unwrap, ref = self.accelerator.unwrap_model, self.ref_model
-        use_logprob_backend(self.logprob_backend, unwrap(self.model), None if ref is None else unwrap(ref), temperature,
-                            self.args.cast_lm_head_to_fp32)
+        use_logprob_backend(self.logprob_backend, unwrap(self.model), ref_model=None if ref is None else unwrap(ref),
+                            temperature=temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):
         if self.args.padding_free:  # every pass (policy, old policy, reference) packed (`packing.py`)
             check_packable(compute_aux_loss, multimodal)
-            logps, entropies, slots = packed_pass(model, self.accelerator, input_ids, attention_mask, logits_to_keep,
-                                                  self.args.max_tokens_per_microbatch, compute_entropy)
+            logps, entropies, slots = packed_pass(
+                model, self.accelerator, input_ids=input_ids, attention_mask=attention_mask,
+                logits_to_keep=logits_to_keep, budget=self.args.max_tokens_per_microbatch,
+                compute_entropy=compute_entropy)
             outputs = (logps, entropies, None)
         else:
             outputs = super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
-                **multimodal)
+                model, input_ids, attention_mask, logits_to_keep=logits_to_keep, batch_size=batch_size,
+                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
             slots = input_ids.numel()
         if self._policy_pass is not None and "outputs" not in self._policy_pass:  # inside `_compute_loss`: TRL's
             # policy pass, kept for the entropy term; its token fill of this rank's micro-batch (no collective on the
@@ -301,7 +295,7 @@ class OR1Trainer(GRPOTrainer):
         # Compacted ranks hold different row counts: this trainer's `accelerator.gather` NaN-pads TRL's per-row
         # metric gathers while TRL's loss runs (an instance attribute, removed on exit; other trainers untouched).
         compact = mode == "train" and self.args.rejection_sampling == "compact"
-        with row_gathers_padded(self.accelerator, active=compact):
+        with sharding.row_gathers_padded(self.accelerator, active=compact):
             trl_loss = super()._compute_loss(model, {**inputs, "tool_mask": mask})
         policy_pass, self._policy_pass = self._policy_pass, None
         logps, entropies, aux_loss = policy_pass["outputs"]  # [b, T], [b, T], scalar
@@ -310,20 +304,25 @@ class OR1Trainer(GRPOTrainer):
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
         steps = self.args.steps_per_generation if mode == "train" else 1
         num_processes = self.accelerator.num_processes
-        norm = Normaliser.for_micro_step(self.loss_type, inputs["num_items_in_batch"], inputs.get(KEPT_GROUP_ROWS_KEY),
-                                         mask.size(0), num_processes, accumulation, steps, self.max_completion_length)
+        norm = Normaliser.for_micro_step(
+            self.loss_type, num_items=inputs["num_items_in_batch"], kept_group_rows=inputs.get(KEPT_GROUP_ROWS_KEY),
+            num_rows=mask.size(0), num_processes=num_processes, accumulation=accumulation, steps_per_generation=steps,
+            max_completion_length=self.max_completion_length)
         selected = None  # 80/20, the official code's normaliser: the selected tokens instead of T_k
         if self.top_entropy_quantile < 1.0 and self.args.top_entropy_normalization == "selected":
-            selected = selected_normaliser(mask, policy_pass["high_entropy"], inputs.get(KEPT_ROWS_KEY),
-                                           self._sum_over_ranks, num_processes, accumulation, steps)
+            selected = selected_normaliser(
+                mask, policy_pass["high_entropy"], kept_rows=inputs.get(KEPT_ROWS_KEY), reduce=self._sum_over_ranks,
+                num_processes=num_processes, accumulation=accumulation, steps_per_generation=steps)
         aux = self.router_aux_loss_coef * aux_loss / accumulation if self.aux_loss_enabled else 0.0
         alpha = self.entropy_controller.coefficient()
-        out = magic_loss(trl_loss, aux, entropies, mask, norm, alpha, selected)
+        out = magic_loss(trl_loss, aux_loss=aux, entropies=entropies, mask=mask, norm=norm, alpha=alpha,
+                         selected=selected)
 
         if mode == "train" and self.args.use_adaptive_entropy:
             old_logps = inputs.get("old_per_token_logps")
             self._update_entropy_controller(logps.detach() if old_logps is None else old_logps, entropies, mask)
-        self._log_loss_metrics(mode, out.policy_loss, alpha, entropies, mask)
+        self._watch.log_loss(self._metrics[mode], self.accelerator.gather, policy_loss=out.policy_loss, alpha=alpha,
+                             entropies=entropies, mask=mask, training=mode == "train")
         if mode == "train" and self._rollout.skip_update and self.accelerator.sync_gradients:
             self.update_skip.skip()  # the backward of zero-weight rows keeps ranks in step; the update is skipped
         return out.loss
@@ -342,19 +341,6 @@ class OR1Trainer(GRPOTrainer):
 
     def _sum_over_ranks(self, stats: torch.Tensor) -> torch.Tensor:  # [n] -> [n], the same on every rank
         return self.accelerator.reduce(stats, reduction="sum")
-
-    def _log_loss_metrics(self, mode, policy_loss, alpha, entropies, mask):
-        """Ours besides TRL's: α, policy loss, the entropy watch's input; `entropy` NaN where no rank kept a token."""
-        metrics = self._metrics[mode]
-        losses, kept = self.accelerator.gather(torch.stack([policy_loss.float(), mask.sum()])[None]).T  # [ranks] each
-        if not kept.sum().item():  # no kept token on any rank: TRL's 0.0 `entropy` measured nothing; NaN: not logged
-            metrics["entropy"][-1] = float("nan")
-        metrics["entropy/alpha"].append(alpha)
-        metrics["entropy/active"].append(float(alpha != 0.0))
-        metrics["policy_loss"].append(losses.nanmean().item())
-        if mode == "train":
-            metrics["rejection/rows_forwarded"].append(float(mask.size(0)))
-            self._watch.entropy.add(entropies.detach(), mask)  # summed over ranks once, at the step's end
 
     # --- 5. The update, and what the run shows (`observability.py`): skipped steps, time split, entropy warnings
     def training_step(self, model, inputs, num_items_in_batch):
@@ -376,8 +362,9 @@ class OR1Trainer(GRPOTrainer):
             output = super()._generate(prompts)
             if regular:
                 end = self._stages.current.until_step if self._stages.current is not None else self.state.max_steps
-                self._log_metrics(overlap.request_next(self.state.global_step, end, self._tokenize_prompts,
-                                                       self.num_generations))
+                self._log_metrics(overlap.request_next(self.state.global_step, end_step=end,
+                                                       tokenize=self._tokenize_prompts,
+                                                       num_generations=self.num_generations))
         return output
 
     def _prepare_inputs(self, generation_batch):  # the rollout's bookkeeping (generation, rewards: timed as such)
@@ -399,36 +386,25 @@ class OR1Trainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         checkpoint.save_complete(self, lambda: super(OR1Trainer, self)._save_checkpoint(model, trial), trial)
 
-    # --- 0. Stages (§3.2.2, `stages.py`) over the prompt schedule (§3.1, `prompts.py`)
+    # --- 0. Stages (§3.2.2, `stage_run.py`) over the prompt schedule (§3.1, `prompts.py`)
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
         """`Trainer.train` from complete checkpoints only (`checkpoint.py`; a previous run's `output_dir` needs
         `resume_from_checkpoint` or `overwrite_output_dir=True`), over every stage of `OR1Config.stages`: one pass of
         transformers' loop each, ending with a checkpoint the next resumes from, so all state carries over."""
+        def one_pass(folder):  # transformers' loop, from `folder` (`None`: a fresh start)
+            return super(OR1Trainer, self).train(resume_from_checkpoint=folder, trial=trial, **kwargs)
+
         try:
-            return self._train_stages(resume_from_checkpoint, trial, **kwargs)
+            args = self.args
+            checkpoint.prepare_output_dir(args.output_dir, resume_from_checkpoint,
+                                          overwrite_output_dir=args.overwrite_output_dir,
+                                          main_process=self.accelerator.is_main_process)
+            self.accelerator.wait_for_everyone()
+            folder = checkpoint.resolve_resume(args.output_dir, resume_from_checkpoint, self._checkpoint_files())
+            return self._stages.walk(self, folder, train_pass=one_pass, enter_stage=self._enter_stage)
         finally:  # a rollout requested ahead is not trained on after the run (nor saved: `overlap.py`)
             if self._overlap is not None:
                 self._overlap.reset()
-
-    def _train_stages(self, resume_from_checkpoint, trial, **kwargs):
-        checkpoint.prepare_output_dir(self.args.output_dir, resume_from_checkpoint, self.args.overwrite_output_dir,
-                                      self.accelerator.is_main_process)
-        self.accelerator.wait_for_everyone()
-        folder = checkpoint.resolve_resume(self.args.output_dir, resume_from_checkpoint, self._checkpoint_files())
-        while True:
-            if folder is not None:
-                checkpoint.load_or1_state(self, folder)
-            if not self._stages:
-                return super().train(resume_from_checkpoint=folder, trial=trial, **kwargs)
-            step = TrainerState.load_from_json(os.path.join(folder, hf_trainer.TRAINER_STATE_NAME)).global_step if folder else 0
-            self._enter_stage(self._stages.index_at(step))
-            final, self._stages.resumed_from = self._stages.current.until_step >= self.args.max_steps, folder
-            with stage_loop_end(self.callback_handler, final):  # trackers stay open across stages
-                output = super().train(resume_from_checkpoint=folder, trial=trial, **kwargs)
-            if final or self.state.global_step < self._stages.current.until_step:  # done, or a callback stopped it
-                return output
-            self.accelerator.wait_for_everyone()
-            folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         def fetch():
@@ -440,13 +416,9 @@ class OR1Trainer(GRPOTrainer):
         return batches
 
     def _enter_stage(self, index: int) -> None:
-        """Make stage `index` current: the schedule's stage entry (online filter), then TRL's settings for its shape."""
-        shape = self._stages.enter(index)
-        sharding.enter_stage(self, shape)  # DeepSpeed: an engine built for the stage's batch shape
-        self.prompt_schedule.enter_stage(index, shape.start_step, shape.batch_size, self.args.online_filter_threshold,
-                                         self.args.online_filter_unsolved_after, warn=self._warn)
-        if stages.apply_to_trainer(self, shape):  # log-probs are taken at the sampling temperature: re-patch the head
-            self._use_logprob_backend(shape.temperature)
+        """Make stage `index` current (`StageRun.start`: the online filter, TRL's settings for its shape; log-probs are
+        taken at the sampling temperature, so a new one re-patches the head)."""
+        self._stages.start(self, index, warn=self._warn, repatch=self._use_logprob_backend)
         self._step, self._buffered_inputs = 0, None  # TRL's generation counter restarts with the new shape
         if self._overlap is not None:  # the rollout in flight had the previous stage's shape: discarded
             self._overlap.reset()
@@ -455,40 +427,23 @@ class OR1Trainer(GRPOTrainer):
         if not self._stages:
             return super()._get_train_sampler(dataset)
         shape = self._stages.current  # `_enter_stage` set the schedule's position (restored, or 0 at a stage start)
-        return self.prompt_schedule.new_sampler(shape.index, shape.batch_size, shape.num_generations,
-                                                self.num_iterations * shape.steps_per_generation)
+        return self.prompt_schedule.new_sampler(shape.index, batch_size=shape.batch_size,
+                                                num_generations=shape.num_generations,
+                                                repeat_count=self.num_iterations * shape.steps_per_generation)
 
     def _load_optimizer_and_scheduler(self, checkpoint_folder):
         super()._load_optimizer_and_scheduler(checkpoint_folder)  # TRL restores the controller
         if self._stages.current is not None and checkpoint_folder is not None:
-            stages.set_base_learning_rate(self.optimizer, self.lr_scheduler, self._stages.current.learning_rate)
+            stage_run.set_base_learning_rate(self.optimizer, self.lr_scheduler, self._stages.current.learning_rate)
 
     # --- Pre-flight and the model card
-    def _check_prompt_lengths(self) -> None:
-        """Prompts that do not fit the context, by TRL's own tokenisation: an error, or a warning (`released.py`)."""
-        check_prompts_fit(
-            self.train_dataset, self.eval_dataset, lambda batch: super(OR1Trainer, self)._tokenize_prompts(batch)[0],
-            self.accelerator.unwrap_model(self.model).config.get_text_config(),
-            max([self.args.max_completion_length] + [s.max_completion_length for s in self._stages.shapes]),
-            self.args.max_prompt_length, self.args.vllm_max_model_length if self.use_vllm else None,
-            strict=self.args.recipe == "magic", is_vlm=self._is_vlm,
-            tokenised_elsewhere=self.rollout_func is not None or self.environment_factories is not None,
-            warn=logger.warning if self.accelerator.is_main_process else lambda message: None)
-
     def _tokenize_prompts(self, prompts: list):
         prompt_ids, images, multimodal_fields = super()._tokenize_prompts(prompts)
-        limit = self.args.max_prompt_length
-        if limit is not None:  # keep the last `max_prompt_length` tokens (left truncation, as TRL's SDPO trainer)
-            prompt_ids = [ids[-limit:] for ids in prompt_ids]
-        return prompt_ids, images, multimodal_fields
+        return keep_last_tokens(prompt_ids, self.args.max_prompt_length), images, multimodal_fields
 
     def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None, tags=None):
-        """TRL's card, plus the OR1 section (recipe, settings, stages, final metrics, eval results; `model_card.py`)."""
+        """TRL's card, plus the OR1 section (recipe, settings, stages, final metrics, eval results)."""
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
-        if not self.is_world_process_zero():
-            return
-        self._card_dataset_name = dataset_name or getattr(self, "_card_dataset_name", None)
-        model_card.write_section(os.path.join(self.args.output_dir, "README.md"), model_card.or1_section(
-            self.args, self.state, get_config_model_id(self.accelerator.unwrap_model(self.model).config) or None,
-            self._card_dataset_name, len(self.train_dataset) if isinstance(self.train_dataset, Dataset) else None,
-            read_eval_summary(os.path.join(self.args.output_dir, model_card.EVAL_SUBDIR)), self._stages.shapes))
+        if self.is_world_process_zero():
+            self._card_dataset_name = dataset_name or getattr(self, "_card_dataset_name", None)
+            model_card.write_for_trainer(self, self._card_dataset_name, stage_shapes=self._stages.shapes)

@@ -77,7 +77,8 @@ class Pack:
     source: torch.Tensor
 
 
-def build_pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[list[int]], logits_to_keep: int) -> Pack:
+def build_pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list[list[int]],
+               logits_to_keep: int) -> Pack:
     """The forward of packed `rows` (each a list of rows of the padded batch `input_ids`, `attention_mask` `[B, L]`).
 
     Positions restart at 0 for each sequence; a row's tail continues its last sequence's positions (causal attention:
@@ -96,13 +97,15 @@ def build_pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: list
     for r, (row, source) in enumerate(zip(rows, sources)):
         n = len(source)
         lengths = torch.tensor([len(real_columns[index]) for index in row], device=device)
-        starts = torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)  # [n] each token's sequence start
+        # [n] each token's sequence start
+        starts = torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)
         tail_start = int(starts[-1]) if n else 0
-        positions[r] = torch.cat([torch.arange(n, device=device) - starts, torch.arange(n, span, device=device) - tail_start])
+        positions[r] = torch.cat([torch.arange(n, device=device) - starts,
+                                  torch.arange(n, span, device=device) - tail_start])
         ids[r, :n] = flat_ids[source]
         labels[r, :n] = flat_ids[source].masked_fill(~scored[source % width], -100)
         real[r, :n] = True
-    return Pack(ids, positions, labels, real, torch.cat(sources))
+    return Pack(input_ids=ids, position_ids=positions, labels=labels, real=real, source=torch.cat(sources))
 
 
 def packed_logps_and_entropies(
@@ -137,7 +140,7 @@ def packed_logps_and_entropies(
     checkpointed = recompute and torch.is_grad_enabled() and len(plan) > 1
     out_logps, out_entropies, sources, slots, idle = [], [], [], 0, []
     for number, rows in enumerate(plan):
-        pack = build_pack(input_ids, attention_mask, rows or [[0]], logits_to_keep)
+        pack = build_pack(input_ids, attention_mask, rows=rows or [[0]], logits_to_keep=logits_to_keep)
         if checkpointed and number < len(plan) - 1:
             pack_logps, pack_entropies = torch.utils.checkpoint.checkpoint(
                 recomputed_forward or forward, pack, use_reentrant=False)
@@ -160,14 +163,16 @@ def packed_logps_and_entropies(
     entropies = None
     if compute_entropy:
         values = torch.cat(out_entropies)
-        entropies = values.new_zeros(batch * width).index_put((source,), values).view(batch, width)[:, -logits_to_keep:]
+        entropies = values.new_zeros(batch * width).index_put((source,), values).view(batch, width)
+        entropies = entropies[:, -logits_to_keep:]
     return logps, entropies, slots
 
 
 def fused_head_forward(model, autocast) -> Callable[[Pack], tuple[torch.Tensor, torch.Tensor | None]]:
     """`forward` for `packed_logps_and_entropies` through TRL's fused LM head (`add_fused_lm_head`, or Liger's kernel
     bound into it): log-probs and entropies of a pack without `[k, W, V]` logits. The head scores position t+1 from
-    position t; a zero in front aligns it to "position t scores token t" (token 0 of a packed row is a prompt token)."""
+    position t; a zero in front aligns it to "position t scores token t" (token 0 of a packed row is a prompt
+    token)."""
 
     def forward(pack: Pack):
         with autocast():
@@ -214,7 +219,8 @@ def same_forward_count(accelerator) -> Callable[[int], int] | None:
     DDP, ZeRO-1/2: the parameters are whole on each rank)."""
     from accelerate.utils import DistributedType
 
-    if accelerator.num_processes == 1 or not (accelerator.distributed_type == DistributedType.FSDP or _zero3(accelerator)):
+    if accelerator.num_processes == 1 or not (accelerator.distributed_type == DistributedType.FSDP
+                                              or _zero3(accelerator)):
         return None
     return lambda count: int(accelerator.gather(torch.tensor([count], device=accelerator.device)).max())
 
@@ -240,6 +246,7 @@ def packed_pass(model, accelerator, input_ids: torch.Tensor, attention_mask: tor
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=True)
     return packed_logps_and_entropies(
         fused_head_forward(model if torch.is_grad_enabled() else unwrapped, accelerator.autocast),
-        input_ids, attention_mask, logits_to_keep, budget, compute_entropy,
-        one_row_per_forward(unwrapped.config._attn_implementation), fused_head_forward(unwrapped, accelerator.autocast),
-        same_forward_count(accelerator), recompute=not _zero3(accelerator))
+        input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep, budget=budget,
+        compute_entropy=compute_entropy, one_row=one_row_per_forward(unwrapped.config._attn_implementation),
+        recomputed_forward=fused_head_forward(unwrapped, accelerator.autocast),
+        forwards=same_forward_count(accelerator), recompute=not _zero3(accelerator))

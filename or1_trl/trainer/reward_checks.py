@@ -134,16 +134,16 @@ class NonfiniteRewards:
             gather: the all-gather over ranks; rank: this rank's index; prompts, completions, dataset_rows: this
                 rank's rows; step: the step the rollout is for.
         """
-        bad = nonfinite_mask(rewards_per_func, abstained, len(prompts), gather)  # [N, F]
+        bad = nonfinite_mask(rewards_per_func, abstained, num_local=len(prompts), gather=gather)  # [N, F]
         count = float(bad.sum()) if zero else None
         if not bad.any():
             return rewards_per_func, count, None
+        action = ("Scored 0 (nonfinite_rewards='zero'; counted in reward/nonfinite); this warning is not repeated."
+                  if zero else "Fix the reward function, or set nonfinite_rewards='zero' to score such samples 0 "
+                  "(counted in reward/nonfinite).")
         message = nonfinite_message(
-            bad, rewards_per_func, names, rank * len(prompts), prompts, completions, dataset_rows, step,
-            "Scored 0 (nonfinite_rewards='zero'; counted in reward/nonfinite); this warning is not repeated." if zero
-            else "Fix the reward function, or set nonfinite_rewards='zero' to score such samples 0 (counted in "
-            "reward/nonfinite).",
-        )
+            bad, rewards_per_func, names=names, offset=rank * len(prompts), prompts=prompts, completions=completions,
+            dataset_rows=dataset_rows, step=step, action=action)
         if not zero:
             raise ValueError(message)
         warning, self.warned = (None if self.warned else message), True
@@ -155,10 +155,10 @@ def screen_rewards(trainer, nonfinite: NonfiniteRewards, rewards_per_func: torch
     """`OR1Trainer._calculate_rewards`' screen (`nonfinite.screen`) of a rollout's `[N, F]` rewards, with `trainer`'s
     settings, ranks and step: the screened rewards; the count logged (`NONFINITE_METRIC`), the warning given."""
     rewards_per_func, count, warning = nonfinite.screen(
-        rewards_per_func, abstained, trainer.accelerator.gather,
-        trainer.args.nonfinite_rewards == "zero", trainer.reward_func_names,
-        trainer.accelerator.process_index, prompts, completions, [row.get(index_column, -1) for row in inputs],
-        trainer.state.global_step + 1)
+        rewards_per_func, abstained, gather=trainer.accelerator.gather, zero=trainer.args.nonfinite_rewards == "zero",
+        names=trainer.reward_func_names, rank=trainer.accelerator.process_index, prompts=prompts,
+        completions=completions, dataset_rows=[row.get(index_column, -1) for row in inputs],
+        step=trainer.state.global_step + 1)
     if count is not None:
         trainer._metrics["train" if trainer.model.training else "eval"][NONFINITE_METRIC].append(count)
     trainer._warn(*filter(None, [warning]))

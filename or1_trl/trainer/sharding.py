@@ -1,4 +1,4 @@
-"""What `OR1Trainer` does differently under DeepSpeed ZeRO and FSDP2, in one place.
+"""What `OR1Trainer` does differently across processes (DDP, DeepSpeed ZeRO and FSDP2), in one place.
 
 - **No silent downgrade** (`check_backend`): accelerate quietly trains with something else than the launch asked
   for in some set-ups — FSDP is selected only for GPU-type process groups (`accelerate/state.py`,
@@ -6,7 +6,7 @@
   `TrainingArguments.fsdp` / `deepspeed`) asked for FSDP or DeepSpeed and the trainer got something else, one line
   before training says what was asked, what was obtained and why: an error, unless `OR1Config.sharding_fallback`
   is `"allow"` (then a warning).
-- **A skipped update** (a step with no trainable token on any rank, `recipe/rollout.Rollout.skip_update`,
+- **A skipped update** (a step with no trainable token on any rank, `trainer/rollout_record.Rollout.skip_update`,
   `UpdateSkip`) is skipped the way accelerate skips an update after a gradient overflow, on every backend: the
   step's last backward runs with `accelerator.sync_gradients` off (DeepSpeed's engine steps *inside*
   `accelerator.backward`, only when syncing; accelerate's optimizer wrapper steps only when syncing), and
@@ -18,7 +18,7 @@
 - **Stages under DeepSpeed** (`enter_stage`, `check_before_loading`): transformers builds DeepSpeed's engine once per
   `Trainer.train` for one batch shape (`gradient_accumulation_steps`, `train_batch_size`), and a second `train`
   would reuse the first one's engine without its accelerate wrapper. Each stage after the first is such a `train`
-  pass (`recipe/stages.py`), so at its start the previous engine is destroyed (DeepSpeed's own `destroy`: its ZeRO
+  pass (`trainer/stage_run.py`), so at its start the previous engine is destroyed (DeepSpeed's own `destroy`: its ZeRO
   hooks removed), the DeepSpeed config takes the stage's shape, and transformers builds a fresh engine that loads the
   stage-end checkpoint. A DeepSpeed config that fixes `gradient_accumulation_steps` (not "auto") cannot follow stages
   that change it: refused before the model loads.
@@ -28,12 +28,19 @@
 - **Memory per GPU** (`training_state_gb`, `gathered_gb`): what each backend keeps on each GPU for a model of a given
   size, computed (`benchmarks/sharded_memory.py` writes the table of the recipes in docs/benchmarks.md).
 
+- **Ranks with unequal rows** (`row_gathers_padded`): after rejection's `"compact"` (`recipe/rejection.py`) the
+  ranks hold different numbers of rows; TRL's metric gathers in `_compute_loss` need equal shapes, so while the loss
+  runs this trainer's `accelerator.gather` NaN-pads per-row tensors first.
+
 Packing under ZeRO-3 and FSDP (every forward gathers parameters) is `packing.same_forward_count`.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
+
+import torch
 
 from transformers import TrainerCallback
 from transformers.utils import logging
@@ -80,8 +87,9 @@ def check_backend(trainer) -> None:
     if line is None:
         return
     if trainer.args.sharding_fallback == "error":
-        raise ValueError(f"{line} Set sharding_fallback='allow' to train with {trainer.accelerator.distributed_type.value} "
-                         "anyway, or launch where the asked backend runs.")
+        raise ValueError(f"{line} Set sharding_fallback='allow' to train with "
+                         f"{trainer.accelerator.distributed_type.value} anyway, or launch where the asked backend "
+                         "runs.")
     if trainer.accelerator.is_main_process:
         logger.warning(f"{line} Training with it (sharding_fallback='allow').")
 
@@ -112,7 +120,8 @@ class UpdateSkip(TrainerCallback):
 
     def skip(self) -> None:
         """Skip the update of the step whose last micro-step is running (call it before that micro-step's backward)."""
-        self.trainer.accelerator.gradient_state._set_sync_gradients(False)  # no DeepSpeed engine step, no optimizer step
+        # no DeepSpeed engine step, no optimizer step
+        self.trainer.accelerator.gradient_state._set_sync_gradients(False)
         _mark_skipped(self.trainer.optimizer, True)  # transformers then leaves the LR scheduler alone
         self.skipping = True
 
@@ -186,9 +195,9 @@ def checkpoint_layout(accelerator) -> list[str]:
 
 #: Bytes of training state per parameter on each of `n` GPUs, bf16 compute with fp32 AdamW, as the ZeRO paper counts
 #: them (Rajbhandari et al. 2020, §3.1): bf16 weights 2 and gradients 2, fp32 master weights and Adam's two moments
-#: 12 (K = 12). DDP keeps all of it on every GPU; ZeRO-2 shards the gradients and the 12; ZeRO-3 everything. FSDP2 under
-#: accelerate's bf16 keeps the parameters, gradients and moments in fp32, sharded (4 + 4 + 8), and casts a unit to bf16
-#: while it computes (`gathered_gb`).
+#: 12 (K = 12). DDP keeps all of it on every GPU; ZeRO-2 shards the gradients and the 12; ZeRO-3 everything. FSDP2
+#: under accelerate's bf16 keeps the parameters, gradients and moments in fp32, sharded (4 + 4 + 8), and casts a unit
+#: to bf16 while it computes (`gathered_gb`).
 STATE_BYTES = {
     "ddp": lambda n: 2 + 2 + 12,
     "zero2": lambda n: 2 + (2 + 12) / n,
@@ -215,3 +224,33 @@ def gathered_gb(backend: str, embeddings: int, layer: int) -> float:
     if backend == "zero3":
         return 2 * min(ZERO3_MAX_LIVE_PARAMETERS, embeddings + 2 * layer) / 1e9
     return 0.0
+
+
+@contextmanager
+def row_gathers_padded(accelerator, active: bool = True):
+    """While open (and `active`), `accelerator.gather` NaN-pads floating per-row tensors to the longest rank's row
+    count first.
+
+    After `"compact"` the ranks hold different numbers of rows, but TRL's `_compute_loss` gathers two per-row
+    metrics (`clip_ratio/low_min`, `clip_ratio/high_max`) with a plain all-gather, which needs equal shapes: with
+    unequal rows gloo aborts ("Received data size doesn't match expected size"). TRL reduces both with `nanmin` /
+    `nanmax`, and rows with no kept token are already NaN there, so NaN padding changes no metric. Scalars and
+    integer tensors are gathered as they are. Scoped to this accelerator object (an instance attribute, removed on
+    exit), so other trainers in the process are untouched. Each padded gather costs one more collective (the sizes),
+    so the trainer sets `active` only for a batch from `"compact"`: otherwise every rank holds the same rows.
+    """
+    if not active or accelerator.num_processes == 1:
+        yield
+        return
+    gather = accelerator.gather
+
+    def padded_gather(tensor):
+        if isinstance(tensor, torch.Tensor) and tensor.ndim > 0 and tensor.is_floating_point():
+            tensor = accelerator.pad_across_processes(tensor, dim=0, pad_index=float("nan"))
+        return gather(tensor)
+
+    accelerator.gather = padded_gather
+    try:
+        yield
+    finally:
+        del accelerator.gather  # the class's method again

@@ -202,7 +202,8 @@ def test_only_parameter_gathering_backends_count_forwards_across_ranks():
 
 
 def test_a_stage_sets_its_own_budget(tmp_path):
-    from or1_trl.recipe.stages import apply_to_args, stage_shapes
+    from or1_trl.recipe.stages import stage_shapes
+    from or1_trl.trainer.stage_run import apply_to_args
 
     args = OR1Config(**tiny_training_args(tmp_path, padding_free=True, max_tokens_per_microbatch=64, max_steps=-1,
                                           stages=[{"until_step": 1}, {"until_step": 2, "max_tokens_per_microbatch": 16}]))

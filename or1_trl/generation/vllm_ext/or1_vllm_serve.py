@@ -47,8 +47,8 @@ def problem(args, expected: dict) -> str | None:
             got = list(got)
         if got != want:
             how = f"set it with or1-trl serve's own {ours}" if ours else "or1-trl serve sets it itself"
-            return (f"the vLLM flags given would set {_flag(name)} to {got!r}, not {want!r} (vLLM reads abbreviations, "
-                    f"'_' for '-' and repeats): {how}, not through the flags passed to vLLM")
+            return (f"the vLLM flags given would set {_flag(name)} to {got!r}, not {want!r} (vLLM reads "
+                    f"abbreviations, '_' for '-' and repeats): {how}, not through the flags passed to vLLM")
     return None
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .rejection import GroupOutcomes
+from ..recipe.rejection import GroupOutcomes
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Rollout:
         outcomes: the groups' rejection verdicts (with rejection sampling; `None` until known).
         skip_update: no trainable token on any rank: the optimizer step that consumes this rollout is skipped.
         group_rewards: `[N]` the rewards the group statistics and rejection see, when they differ from `rewards`
-            (`truncated_advantage_mask="before"`: truncated rows NaN, `advantages.py`).
+            (`truncated_advantage_mask="before"`: truncated rows NaN, `recipe/advantages.py`).
     """
 
     rewards: torch.Tensor
