@@ -40,8 +40,9 @@ Why no format's verdict can be influenced by the program (the policy is optimise
   judge's entry processes have their own deadline (``timeout_per_test`` each) and memory bound: a returned bomb (a
   huge ``range`` fed to ``set``, a cycle walked by a helper) ends that entry as ``timeout`` or ``memory_limit``.
   **Nothing derived from a completion runs or is iterated in the trainer**, in either judged format (asserts,
-  function call): for each entry it receives a record of fixed form (status, verdict, a reason of at most 300 characters). The judge's module docstring gives the names
-  rule and what is ``unjudgeable`` (counted per call in the metric ``code_reward/unjudgeable_frac``).
+  function call): for each entry it receives a record of fixed form (status, verdict, a reason of at most 300
+  characters). The judge's module docstring gives the names rule and what is ``unjudgeable`` (counted per call in
+  the metric ``code_reward/unjudgeable_frac``).
 
 The sandbox, its threat model and what each backend isolates are documented in
 :mod:`or1_trl.rewards.sandbox`. Rewards are plain floats (TRL reward-function signature); samples of a batch
@@ -258,9 +259,10 @@ class CodeReward:
                           f"retrying it once", RuntimeWarning, stacklevel=1)
             result = self._attempt(prep)
             if result["status"] == "sandbox_error":
-                warnings.warn(f"{self.__name__}: the retry failed too ({_tail(result['reason'])}); its 0.0 is "
-                              f"counted in {self.__name__}/sandbox_error_frac as a sandbox failure, not a wrong answer",
-                              RuntimeWarning, stacklevel=1)
+                warnings.warn(
+                    f"{self.__name__}: the retry failed too ({_tail(result['reason'])}); its 0.0 is counted in "
+                    f"{self.__name__}/sandbox_error_frac as a sandbox failure, not a wrong answer",
+                    RuntimeWarning, stacklevel=1)
         return result
 
     def _attempt(self, prep: _Prepared) -> dict:

@@ -256,7 +256,8 @@ class WorkerPool:
             warmup,
             fast_paths,
         )
-        self._score_fn_module = None if score_fn is None else getattr(score_fn, "__module__", type(score_fn).__module__)
+        self._score_fn_module = (
+            None if score_fn is None else getattr(score_fn, "__module__", type(score_fn).__module__))
         self._startup_timeout = startup_timeout
         self._env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
         self.workers: list[_Worker] = []

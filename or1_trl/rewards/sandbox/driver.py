@@ -616,9 +616,9 @@ def _load_judge():
 def _judge_sample(job, nonce, code_obj):
     """Judge a sample of the asserts or function-call format (see judge.py). Fork the judge first: it alone reads the
     tests, from stdin, after which the driver lets go of stdin, so no process it forks later (a program process) can
-    hold them; the judge writes one record per entry itself. Start a program process at once, and a fresh one each time the judge asks
-    (after an entry that left the last one mid-call), passing the judge its end of their socket. Returns when the
-    judge has ended; records the judge did not write (it died) are written here as errors."""
+    hold them; the judge writes one record per entry itself. Start a program process at once, and a fresh one each
+    time the judge asks (after an entry that left the last one mid-call), passing the judge its end of their socket.
+    Returns when the judge has ended; records the judge did not write (it died) are written here as errors."""
     import _socket
 
     own_pidns = job.get("own_pidns")
