@@ -305,7 +305,7 @@ def test_peft_training_pushes_only_the_adapter(vllm_lora_server, tmp_path):
     assert any(p.abs().max() > 0 for n, p in trainer.model.named_parameters() if "lora_B" in n)
     diffs = logged(trainer, DIFF)
     assert len(diffs) == 2 and max(diffs) < TOL, diffs
-    assert sorted(os.listdir(sync.sync_dir)) == ["adapter-000002", "base"]
+    assert sorted(os.listdir(sync.sync_dir)) == [RUN_RECORD, "adapter-000002", "base"]  # the run's record stays
 
 
 def test_adapter_sync_required_from_a_server_without_lora_says_how_to_start_one(vllm_server, tmp_path):
