@@ -417,8 +417,9 @@ def required_files(trainer) -> list[str]:
 
 def or1_state(trainer) -> dict[str, dict]:
     """`{file name: JSON state}` of `trainer`'s own state: its counters and its prompt schedule's."""
-    return {OR1_STATE_FILE: {"skipped_steps": trainer.or1_skipped_steps, "rows_forwarded": trainer.or1_rows_forwarded},
-            **(trainer.prompt_schedule.state() if trainer.prompt_schedule else {})}
+    counters = {"skipped_steps": trainer.or1_skipped_steps, "rows_forwarded": trainer.or1_rows_forwarded,
+                "nonfinite": trainer.sentinel.state()}  # the non-finite sentinel's counts (`nonfinite.py`)
+    return {OR1_STATE_FILE: counters, **(trainer.prompt_schedule.state() if trainer.prompt_schedule else {})}
 
 
 def load_or1_state(trainer, folder: str) -> None:
@@ -426,6 +427,8 @@ def load_or1_state(trainer, folder: str) -> None:
     loader."""
     counters = read_state(folder, OR1_STATE_FILE)
     trainer.or1_skipped_steps, trainer.or1_rows_forwarded = counters["skipped_steps"], counters["rows_forwarded"]
+    if "nonfinite" in counters:  # a checkpoint of an earlier version has none: the counts start from 0
+        trainer.sentinel.load_state(counters["nonfinite"])
     if trainer.prompt_schedule is not None:
         states = {name: read_state(folder, name) for name in PromptSchedule.STATE_FILES}
         trainer.prompt_schedule.load_state(states, truncate_log=trainer.accelerator.is_main_process)

@@ -424,6 +424,14 @@ class RunWatch:
         the string-prompts check when training starts."""
         return [StepTimerCallback(self.timer, sink), SaveFinalState(), PromptFormatCheck()]
 
+    @classmethod
+    def attach(cls, trainer, args, sink: Callable[[dict[str, float]], None]) -> "RunWatch":
+        """The trainer's watch for `args`, its `callbacks(sink)` added to `trainer`."""
+        watch = cls(args)
+        for callback in watch.callbacks(sink):
+            trainer.add_callback(callback)
+        return watch
+
     def end_step(self, coef: float, reduce: Callable, rollout) -> list[str]:
         """At an optimizer step's end: the entropy warnings (collapse, low start; `reduce` sums over ranks) and the
         skipped-step warning for the step's `rollout` (`trainer/rollout_record.Rollout`), those that are due."""

@@ -93,10 +93,12 @@ TRL_BEHAVIOUR = {
     "overwrite_output_dir": False,
     # Non-finite values
     "cudnn_sdpa_guard": False,  # TRL leaves PyTorch's cuDNN attention on, on Hopper too
+    "nonfinite_stop_after": None,  # TRL applies an update whatever its gradients hold
 }
 #: Fields of `TRL_BEHAVIOUR` not announced as changed defaults (`OR1Config.changed_defaults`): `sharding_fallback`
-#: only says what a launch is refused or warned about; the attention guard says so itself, once, where it acts.
-_NOT_ANNOUNCED = ("sharding_fallback", "cudnn_sdpa_guard")
+#: only says what a launch is refused or warned about; the attention guard says so itself, once, where it acts; the
+#: non-finite sentinel changes nothing while the gradients are finite, and says so itself when it acts.
+_NOT_ANNOUNCED = ("sharding_fallback", "cudnn_sdpa_guard", "nonfinite_stop_after")
 # TRL's `vllm_importance_sampling_*` defaults (GRPOConfig), to tell whether a user changed them.
 _TRL_IS_FIELDS = ("vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
                   "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max")
@@ -326,6 +328,13 @@ class OR1Config(GRPOConfig):
             and SmolLM2-135M's forward+backward of 32 rows of 704 tokens took 1.126× as long as with cuDNN (the
             update only, not the whole RL step, which generation dominates). The switch is process-wide and not
             undone; one warning says when it acts. `False` keeps cuDNN (TRL's behaviour).
+        nonfinite_stop_after (`int` or `None`, *optional*, defaults to `3`):
+            The non-finite sentinel (`or1_trl/trainer/nonfinite.py`): every step counts the NaN/inf values in the
+            loss and in each parameter's gradient on every rank (logged as `nonfinite_steps`,
+            `nonfinite_grad_values`, `nonfinite_loss_values`); a step whose gradients hold any is not applied on any
+            rank (no optimizer step, the schedule unmoved, as a fully rejected step), and after this many such steps
+            in a row the run stops with a complete checkpoint of its last finite weights and one line naming the
+            step and the parameters. `None`: no sentinel, every update applied (TRL's behaviour).
 
         > Parameters that control the output directory, resuming, and the checks on prompts and rewards
 
@@ -541,6 +550,14 @@ class OR1Config(GRPOConfig):
                   "padding mask at lengths 64 more than a multiple of 128 (704, 832, ...; pytorch/pytorch#196678). "
                   "On one H200 the update's forward+backward then took 1.126x as long, with no NaN. False: keep "
                   "cuDNN."},
+    )
+
+    nonfinite_stop_after: int | None = field(
+        default=3,
+        metadata={"help": "Non-finite sentinel: a step whose gradients hold NaN/inf on any rank is not applied "
+                  "(counted in nonfinite_steps); after this many such steps in a row the run stops with a checkpoint "
+                  "of its last finite weights and one line naming the step and the parameters. None: every update "
+                  "applied (TRL's behaviour)."},
     )
 
     # Parameters that control the output directory, resuming, and the checks on prompts and rewards

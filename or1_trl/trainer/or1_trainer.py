@@ -24,9 +24,11 @@ One step k = one generation batch, on-policy; each hook wraps TRL's (super(), th
    binds Liger's kernel into the fused head of this trainer's models, `trainer/logprobs.py`); with `padding_free`,
    every pass forwards the rows packed without padding (`trainer/packing.py`).
 5. `training_step`: a step with no trainable token on any rank has its update skipped as if it had not happened
-   (`trainer/sharding.py`; counted, warned about); with `_generate`, `_calculate_rewards` and `_prepare_inputs` it
-   times the step's phases (`trainer/observability.RunWatch`). With `async_generation`, `_generate` and
-   `get_batch_samples` hand the one-step-off rollouts to `generation/overlap.OverlappedRollouts`.
+   (`trainer/sharding.py`; counted, warned about); so is a step whose gradients hold NaN/inf on any rank (the
+   **non-finite sentinel**, `trainer/nonfinite.py`; several in a row stop the run with a checkpoint). With
+   `_generate`, `_calculate_rewards` and `_prepare_inputs` it times the step's phases (`observability.RunWatch`).
+   With `async_generation`, `_generate` and `get_batch_samples` hand the one-step-off rollouts to
+   `generation/overlap.OverlappedRollouts`.
 
 Patches, each scoped and commented where it is made: `vllm_generation.generation_backend` (a TRL module name, during
 `GRPOTrainer.__init__`), and this trainer's own `callback_handler.on_train_end` (`train`: `stage_loop_end`),
@@ -58,7 +60,7 @@ from ..recipe.entropy import AdaptiveEntropyController, StepWindow
 from ..recipe.loss import Normaliser, magic_loss, sampled_token_entropy, selected_normaliser
 from ..recipe.rejection import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY, count_kept, loss_mask, reject
 from ..recipe.rollout_correction import RolloutCorrection
-from . import attention_guard, checkpoint, sharding, stage_run
+from . import attention_guard, checkpoint, nonfinite, sharding, stage_run
 from .logprobs import resolve_logprob_backend, use_logprob_backend
 from .inputs import INDEX_COLUMN, check_prompt_lengths, keep_last_tokens, preflight, prompt_schedule
 from .observability import RunWatch, accuracy_metrics, changed_defaults
@@ -84,6 +86,7 @@ class OR1Trainer(GRPOTrainer):
         entropy_controller ([`AdaptiveEntropyController`]): state of eq. 3.2 (`entropy_coef` mirrors its c).
         or1_rows_forwarded (`int`): rows that went through the policy forward/backward on this rank.
         or1_skipped_steps (`int`): optimizer steps skipped because no token was trainable (e.g. every group rejected).
+        sentinel ([`~trainer.nonfinite.NonFiniteSentinel`]): steps not applied for NaN/inf gradients, and their counts.
         prompt_schedule ([`PromptSchedule`]): the prompt pool, per-prompt statistics, sampler position and refill
             stream (`OR1Config` with a `datasets.Dataset`; else `None`); `prompt_pool` and `prompt_stats` are its.
         logprob_backend (`str`): `"trl"` or `"liger"`, what `OR1Config.logprob_backend` resolved to here.
@@ -127,14 +130,12 @@ class OR1Trainer(GRPOTrainer):
         attention_guard.guard(args.cudnn_sdpa_guard, policy, announce=self.accelerator.is_main_process)
         check_prompt_lengths(self, super()._tokenize_prompts, warn=self._warn, completion_length=max(
             [args.max_completion_length] + [shape.max_completion_length for shape in self._stages.shapes]))
-        self._watch = RunWatch(args)  # the time split, final trainer_state.json, entropy and skip warnings
+        self._watch = RunWatch.attach(self, args, sink=self._log_metrics)  # time split, final state, warnings
         self.update_skip = sharding.attach(self)  # the backend asked for, or one line; skipped updates (`sharding.py`)
-        for callback in self._watch.callbacks(self._log_metrics):
-            self.add_callback(callback)
+        self.sentinel = nonfinite.attach(self, stop_after=args.nonfinite_stop_after)  # NaN/inf never applied
         magic_on_vllm = args.recipe == "magic" and self.use_vllm
         self._rollout_correction = RolloutCorrection.for_config(args) if magic_on_vllm else None
-        # One-step-off rollouts (`generation/overlap.py`), with async_generation.
-        self._overlap = OverlappedRollouts.for_trainer(self) if args.async_generation else None
+        self._overlap = OverlappedRollouts.for_trainer(self) if args.async_generation else None  # one-step-off
         if self._stages:  # the sampler's own resume, each stage's end, every stage fits vLLM
             self._stages.attach(self)
         self._warn(*changed_defaults(args))  # what OR1Config changes of GRPOConfig's defaults, said once
@@ -245,8 +246,7 @@ class OR1Trainer(GRPOTrainer):
             prompts_per_batch=self.args.generation_batch_size // self.num_generations,
             refill=refill, write_log=self.accelerator.is_main_process)
         if not refill:
-            self._metrics["train"]["stage"].append(float(self._stages.index))
-            self._metrics["train"]["pool/size"].append(float(len(self.prompt_pool)))
+            self._log_metrics({"stage": float(self._stages.index), "pool/size": float(len(self.prompt_pool))})
 
     # --- 3-4. The MAGIC loss (eq. 3.1) and adaptive entropy control (eq. 3.2); log-probs and entropies (`logprobs.py`)
     def _use_logprob_backend(self, temperature: float | None = None) -> None:
@@ -346,6 +346,7 @@ class OR1Trainer(GRPOTrainer):
     def training_step(self, model, inputs, num_items_in_batch):
         with self._watch.timer.phase("update"):
             loss = super().training_step(model, inputs, num_items_in_batch)
+        self.sentinel.count_loss(loss)  # a non-finite step is not applied; several in a row stop (`nonfinite.py`)
         rollout, skipped = self._rollout, self.update_skip.skipping  # no trainable token: no update (`sharding.py`)
         self.or1_skipped_steps += skipped
         if (self.accelerator.sync_gradients or skipped) and self._or1_loss_enabled:

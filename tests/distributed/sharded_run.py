@@ -5,10 +5,12 @@ process per GPU; DDP, DeepSpeed ZeRO-2/3 or FSDP2) or in one plain process (the 
 
 Rollouts come from `or1_trl.testing.rank_independent_sampling`, so the one-process run samples the same completions
 as the ranks together, and the rewards are a function of the completion's text, so they agree too. Step 3's rewards
-are all equal: every group is rejected everywhere, and its update is skipped. After each optimizer step the main
-process saves what the comparison needs, gathered whole from the shards (`state_step<N>.pt`, `tests/helpers.
-gathered_state`): the parameters, Adam's moments and step counts, the learning rate, DeepSpeed's engine counters; at
-the end `result.json` (the backend obtained, the log history, the share of the parameters a rank holds).
+are all equal: every group is rejected everywhere, and its update is skipped. With every feature ("all"), step 2's
+gradient of one parameter is NaN on the last rank (`plant_nan`): the non-finite sentinel does not apply that step.
+After each optimizer step the main process saves what the comparison needs, gathered whole from the shards
+(`state_step<N>.pt`, `tests/helpers.gathered_state`): the parameters, Adam's moments and step counts, the learning
+rate, DeepSpeed's engine counters; at the end `result.json` (the backend obtained, the log history, the share of the
+parameters a rank holds).
 
 Options (the JSON):
 - "features": "all" (rejection with refill, the entropy controller, packing, two stages that change the completion
@@ -35,6 +37,7 @@ from or1_trl.testing import rank_independent_sampling, tiny_model_and_tokenizer,
 from tests.helpers import force_fsdp2, gathered_state
 
 SKIPPED_STEP = 3  # every group of this step's rollouts (refills too) solved by all its samples
+NAN_STEP, NAN_PARAM = 2, "model.norm.weight"  # "all": this step's gradient of this parameter is NaN on the last rank
 
 
 def reward(prompts, completions, trainer_state, **kwargs):
@@ -90,6 +93,8 @@ def main(output_dir: str, options: dict) -> None:
                 torch.save(snapshot, os.path.join(output_dir, f"state_step{state.global_step}.pt"))
 
     trainer.add_callback(Snapshot())
+    if options["features"] == "all":
+        plant_nan(trainer, fsdp2=bool(options.get("force_fsdp2")))
     trainer.train(resume_from_checkpoint=options.get("resume"))
     server_vs_trainer = None
     if vllm:  # the final weights pushed (gathered from the shards), then the server scores as they do
@@ -108,6 +113,29 @@ def main(output_dir: str, options: dict) -> None:
                 "log_history": trainer.state.log_history,
                 "server_vs_trainer": server_vs_trainer,
             }, f)
+
+
+def plant_nan(trainer, fsdp2: bool) -> None:
+    """Step `NAN_STEP`'s gradient of `NAN_PARAM` all NaN on the last rank (the only one in one process), as a NaN from
+    a kernel would be, where the non-finite sentinel must catch it: a tensor hook registered before the sentinel's
+    (hooks run in that order). FSDP2's module parameters are shards autograd never differentiates: there every rank's
+    reduced shard is filled instead, just before the sentinel counts it."""
+    param = dict(trainer.model.named_parameters())[NAN_PARAM]
+    last_rank = trainer.accelerator.process_index == trainer.accelerator.num_processes - 1
+
+    def planted(grad):
+        return torch.full_like(grad, float("nan")) if trainer.state.global_step + 1 == NAN_STEP else grad
+
+    class FillShards(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            shard = dict(trainer.model.named_parameters())[NAN_PARAM].grad
+            if state.global_step + 1 == NAN_STEP:
+                shard.to_local().fill_(float("nan"))
+
+    if fsdp2:
+        trainer.callback_handler.callbacks.insert(0, FillShards())  # before the sentinel's on_pre_optimizer_step
+    elif last_rank:
+        param.register_hook(planted)
 
 
 def local_fraction(model) -> float:

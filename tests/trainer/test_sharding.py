@@ -26,11 +26,13 @@ import torch
 from accelerate.utils import DistributedType
 
 from or1_trl.trainer import checkpoint
+from or1_trl.trainer.nonfinite import GRAD_METRIC, STEPS_METRIC
 from or1_trl.trainer.logprobs import liger_available
 from or1_trl.trainer.sharding import (
     check_before_loading, checkpoint_layout, downgrade, requested_backend, UpdateSkip,
 )
 
+from ..distributed.sharded_run import NAN_PARAM
 from ..helpers import ENV, ROOT, accelerate_launch
 
 PARAMS_ATOL, MOMENT_ATOL = 2e-5, 1e-6
@@ -146,7 +148,21 @@ def assert_same_training(run: dict[int, dict], reference: dict[int, dict]):
             assert largest_difference(run[step][moment], reference[step][moment]) < MOMENT_ATOL, (step, moment)
         assert run[step]["adam_steps"] == reference[step]["adam_steps"], step
         assert run[step]["lr"][0] == pytest.approx(reference[step]["lr"][0], rel=1e-12), step
-    assert largest_difference(reference[4]["params"], reference[1]["params"]) > 1e-3  # the runs do learn
+    assert largest_difference(reference[4]["params"], reference[1]["params"]) > 1e-4  # the runs learn (at step 4)
+
+
+def assert_step_2_not_applied(run: dict[int, dict], log_history: list[dict]):
+    """Step 2 (its gradient of `NAN_PARAM` NaN on the last rank, `sharded_run.plant_nan`) left weights, moments, Adam's
+    step counts and the learning rate exactly as step 1 left them, on every rank; the sentinel counted the parameter's
+    elements once (the one rank's), and no weight is ever non-finite."""
+    before, after = run[1], run[2]
+    for key in ("params", "exp_avg", "exp_avg_sq"):
+        assert largest_difference(after[key], before[key]) == 0.0, key
+    assert (after["adam_steps"], after["lr"]) == (before["adam_steps"], before["lr"])
+    assert all(torch.isfinite(value).all() for state in run.values() for value in state["params"].values())
+    numel = before["params"][NAN_PARAM].numel()
+    assert [e[GRAD_METRIC] for e in log_history if GRAD_METRIC in e] == [0.0, numel, numel, numel]
+    assert [e[STEPS_METRIC] for e in log_history if STEPS_METRIC in e] == [0.0, 1.0, 1.0, 1.0]
 
 
 def assert_step_3_skipped(run: dict[int, dict]):
@@ -161,9 +177,10 @@ def assert_step_3_skipped(run: dict[int, dict]):
 
 @pytest.mark.parametrize("backend", list(LAUNCHES))
 def test_every_feature_trains_as_one_process_does(backend, runs):
-    """Rejection with compaction and refill, an all-rejected step skipped, the entropy controller (α on from step 2),
-    packing, two stages (4-token then 6-token completions; 1 then 2 micro-steps per optimizer step: DeepSpeed's engine
-    rebuilt for the second), a verified checkpoint each step; the parameters are really sharded."""
+    """A NaN gradient on one rank not applied (the non-finite sentinel), rejection with compaction and refill, an
+    all-rejected step skipped, the entropy controller (α on from step 2), packing, two stages (4-token then 6-token
+    completions; 1 then 2 micro-steps per optimizer step: DeepSpeed's engine rebuilt for the second), a verified
+    checkpoint each step; the parameters are really sharded."""
     folder, result, run = runs(backend)
     _, reference, reference_states = runs("one process all")
     record(backend, distributed_type=result["distributed_type"], model_class=result["model_class"],
@@ -177,6 +194,8 @@ def test_every_feature_trains_as_one_process_does(backend, runs):
     # "auto": the Liger head where it runs (CPU, installed), TRL's under ZeRO-3 (test_what_deepspeed_cannot_run...)
     liger = DEVICE == "cpu" and liger_available() and backend != "zero3"
     assert result["logprob_backend"] == ("liger" if liger else "trl")
+    assert_step_2_not_applied(run, result["log_history"])
+    assert_step_2_not_applied(reference_states, reference["log_history"])
     assert_step_3_skipped(run)
     assert_step_3_skipped(reference_states)
     assert_same_training(run, reference_states)

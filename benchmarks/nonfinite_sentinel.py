@@ -1,0 +1,111 @@
+"""The non-finite sentinel's cost on the real model's update (`or1_trl/trainer/nonfinite.py`, issue 47: under 2%).
+
+    python benchmarks/nonfinite_sentinel.py [--reps 12] [--rows 32] [--tokens 72] [--json FILE]
+    python benchmarks/nonfinite_sentinel.py --quick     # the tiny model, 3 repetitions: tests this script
+
+What is timed: one optimizer step of SmolLM2-135M-Instruct (`or1-trl model smollm2`'s folder; fp32 weights and
+AdamW, bf16 autocast as the real-model demo trains) on `--rows` rows of `--tokens` tokens (the demo's update: 32 rows
+of a short prompt and up to 48 completion tokens): forward, the token-mean cross-entropy, backward, and the optimizer
+step. Arm `off`: that alone. Arm `on`: the same with the sentinel as `OR1Trainer` runs it — its tensor hook on every
+trainable parameter counting the gradient's non-finite elements during the backward, `count_loss`, and at the step's
+boundary `on_pre_optimizer_step` (the all-reduce of the counts through accelerate, one process here, and their one
+read on the host). The arms alternate step by step from the same weights (each step's gradients and the optimizer's
+update are real, the weights move in both), after 2 untimed steps of each; the figure is the median of each arm's step
+times and their ratio, in the same run.
+
+The update alone is the conservative denominator: a whole RL step adds the rollout (generation: most of a real-model
+step, `docs/benchmarks.md`), which the sentinel does not touch, so its share of a whole step is smaller still.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from types import SimpleNamespace
+
+import torch
+from accelerate import Accelerator
+from transformers import TrainerControl, TrainerState
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # or1_trl from this checkout
+from or1_trl.trainer.nonfinite import NonFiniteSentinel
+
+
+def load_model(quick: bool):
+    if quick:
+        from or1_trl.testing import tiny_model_and_tokenizer
+
+        return tiny_model_and_tokenizer(seed=0)[0]
+    from transformers import AutoModelForCausalLM
+
+    from or1_trl.models import model_folder
+
+    return AutoModelForCausalLM.from_pretrained(model_folder("smollm2"), dtype=torch.float32)
+
+
+def one_step(model, optimizer, batch: torch.Tensor, sentinel: NonFiniteSentinel | None) -> float:
+    """Seconds of one update of `model` on `batch` (`[rows, tokens]` token ids), with or without `sentinel`."""
+    start = time.perf_counter()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(input_ids=batch, labels=batch).loss  # a token mean: what the update's loss is shaped like
+    loss.backward()
+    if sentinel is not None:
+        sentinel.count_loss(loss)
+        sentinel.on_pre_optimizer_step(None, SimpleNamespace(global_step=0), TrainerControl())
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=12, help="timed steps of each arm")
+    parser.add_argument("--rows", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=72)
+    parser.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
+    parser.add_argument("--quick", action="store_true", help="the tiny model, 3 repetitions, 8 x 16 tokens")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.reps, args.rows, args.tokens = 3, 8, 16
+    torch.manual_seed(0)
+    model = load_model(args.quick)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    batch = torch.randint(10, model.config.vocab_size, (args.rows, args.tokens))  # [rows, tokens]
+    # What the sentinel reads of its trainer: the model, the accelerator (the all-reduce), the optimizer's skip flag.
+    trainer = SimpleNamespace(model=model, accelerator=Accelerator(cpu=True), optimizer=optimizer, update_skip=None)
+    sentinel = NonFiniteSentinel(trainer, stop_after=3)
+    times = {"off": [], "on": []}
+    for rep in range(args.reps + 2):
+        for arm in ("off", "on") if rep % 2 == 0 else ("on", "off"):
+            if arm == "off":  # the same model with the sentinel's hooks taken off
+                sentinel.remove_hooks()
+                seconds = one_step(model, optimizer, batch, sentinel=None)
+            else:  # its hooks on every parameter, as at the start of training
+                sentinel.on_train_begin(None, TrainerState(), TrainerControl())
+                seconds = one_step(model, optimizer, batch, sentinel=sentinel)
+            if rep >= 2:  # 2 untimed steps of each arm first
+                times[arm].append(seconds)
+    off, on = statistics.median(times["off"]), statistics.median(times["on"])
+    result = {
+        "model": "tiny" if args.quick else "SmolLM2-135M-Instruct", "rows": args.rows, "tokens": args.tokens,
+        "reps": args.reps, "cpus": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__, "off_s": times["off"], "on_s": times["on"], "median_off_s": off,
+        "median_on_s": on, "ratio_on_off": on / off, "steps_counted_nonfinite": sentinel.steps,
+    }
+    print(f"{result['model']}, update of {args.rows} x {args.tokens} tokens (bf16 autocast, AdamW), {args.reps} steps "
+          f"per arm, interleaved: median {off * 1e3:.1f} ms without the sentinel, {on * 1e3:.1f} ms with it: ratio "
+          f"{on / off:.4f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()

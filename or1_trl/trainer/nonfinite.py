@@ -1,0 +1,180 @@
+"""The non-finite sentinel (`OR1Config.nonfinite_stop_after`): a gradient holding a NaN or an infinity never reaches
+the weights, and a run that keeps producing them stops with its last finite weights saved and one line saying why.
+
+A NaN that enters the weights is not seen where it enters: the next sampling step dies in a device-side assert
+(`torch.multinomial`), or the run trains on garbage. So, every optimizer step, on every rank:
+
+- **Counted where produced.** Each trainable parameter's gradient is counted (its non-finite elements) as the backward
+  produces it, on the rank that computed it, before any reduction across ranks: a tensor hook per parameter
+  (`Tensor.register_hook`), the counts kept on the device (no host sync in the backward). Under FSDP2, whose module
+  parameters are shards autograd never differentiates, each rank's reduced shard is counted before the optimizer step
+  instead. Each micro-step's loss is counted when it is not finite (`count_loss`).
+- **One decision on every rank.** At the step's boundary (`on_pre_optimizer_step`, after the last backward) the counts
+  of all ranks are summed in one all-reduce (`[P + 1]` values: P parameters, then the losses) and read once.
+- **Not applied.** A step with a non-finite gradient count is not applied on any rank, the way a fully rejected step
+  is not (`sharding.UpdateSkip`): the optimizer does not step (Adam's moments and step counts unchanged), the
+  learning-rate schedule does not move, `global_step` counts the step (it consumed a rollout), and the gradients are
+  dropped (transformers' `model.zero_grad()`). Under DeepSpeed the engine steps inside the last backward, and ZeRO
+  has already skipped the step itself (its global gradient norm is not finite: `overflow`, its gradients cleared, the
+  engine's `skipped_steps` counted); the sentinel checks that it did, and stops the run at once if it did not (a
+  bf16 config with `check_grad_overflow: false`), since the weights may then hold the values.
+- **Stopped.** After `stop_after` such steps in a row the run stops at that step's end: transformers logs the step
+  and saves a complete checkpoint (the weights of the last applied update, all finite), and once it is saved
+  (`on_save`) every rank raises `NonFiniteStop`, one line naming the step, the first parameters whose gradients held
+  the values and how to resume (`--resume_from_checkpoint true`).
+
+Logged at every step (counts since the run began, kept across a resume by the checkpoint's OR1 state, never averaged;
+`trainer_state.json`'s log history keeps them): `nonfinite_steps` (steps not applied), `nonfinite_grad_values`
+(non-finite gradient elements, summed over ranks), `nonfinite_loss_values` (micro-step losses). A gradient that is
+finite on every rank and overflows only in the sum across ranks is not counted (DeepSpeed's own check covers it).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor
+from transformers import TrainerCallback
+
+from .sharding import UpdateSkip
+
+#: The counters logged at every step, as `trainer_state.json` and W&B (`train/...`) show them.
+STEPS_METRIC, GRAD_METRIC, LOSS_METRIC = "nonfinite_steps", "nonfinite_grad_values", "nonfinite_loss_values"
+NAMES_SHOWN = 3  # parameters named in the stop line
+
+
+class NonFiniteStop(RuntimeError):
+    """The run stopped after `OR1Config.nonfinite_stop_after` steps in a row whose gradients held NaN or inf."""
+
+
+def nonfinite_count(tensor: torch.Tensor) -> torch.Tensor:
+    """The number of NaN and ±inf elements of `tensor`, as a 0-d tensor on its device (no host sync)."""
+    return torch.isfinite(tensor).logical_not_().sum()
+
+
+class NonFiniteSentinel(TrainerCallback):
+    """The sentinel of one trainer (module docstring), one of its callbacks: `attach` builds it; the trainer calls
+    `count_loss` after each micro-step.
+
+    Args:
+        trainer: the `OR1Trainer` (its accelerator, model, optimizer and `update_skip`).
+        stop_after: the run stops after this many non-finite steps in a row (`OR1Config.nonfinite_stop_after`);
+            `None`: the sentinel is off (not a callback of the trainer, counts nothing: TRL's behaviour).
+    """
+
+    def __init__(self, trainer, stop_after: int | None):
+        self.trainer, self.stop_after = trainer, stop_after
+        self.steps = self.grad_values = self.loss_values = 0  # since the run began (checkpointed)
+        self.in_a_row = 0
+        self.stop_line: str | None = None
+        self.first_bad = ""  # the parameters named for the last non-finite step
+        self._names: list[str] = []
+        self._params: list[torch.nn.Parameter] = []
+        self._hooks: list = []
+        self._counts: torch.Tensor | None = None  # [P + 1]: per parameter, then the losses, this rank, this step
+        self._bad_step = False
+
+    # --- Counting
+    def on_train_begin(self, args, state, control, **kwargs):
+        """Hook the parameters the prepared model trains (each pass of transformers' loop prepares it anew)."""
+        self.remove_hooks()
+        named = [(name, p) for name, p in self.trainer.model.named_parameters() if p.requires_grad]
+        self._names, self._params = [name for name, _ in named], [p for _, p in named]
+        self._counts = torch.zeros(len(named) + 1, dtype=torch.float64, device=self.trainer.accelerator.device)
+        self._hooks = [param.register_hook(self._counter(index)) for index, param in enumerate(self._params)]
+        return control
+
+    def remove_hooks(self) -> None:
+        """Take the counting hooks off the parameters (`on_train_begin` puts them on again)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def _counter(self, index: int):
+        def count(grad: torch.Tensor) -> None:
+            if not isinstance(grad, DTensor):  # FSDP2's shards: counted before the optimizer step
+                self._counts[index] += nonfinite_count(grad).to(self._counts.dtype)
+
+        return count
+
+    def count_loss(self, loss: torch.Tensor) -> None:
+        """Count the micro-step's loss (what `training_step` returns) if it is not finite."""
+        if self._counts is not None:
+            self._counts[-1] += nonfinite_count(loss.detach()).to(self._counts.dtype)
+
+    # --- The step's decision
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        for index, param in enumerate(self._params):
+            if isinstance(param, DTensor) and param.grad is not None:  # FSDP2: this rank's reduced shard
+                self._counts[index] += nonfinite_count(param.grad.to_local()).to(self._counts.dtype)
+        counts = self.trainer.accelerator.reduce(self._counts, reduction="sum")  # [P + 1], the same on every rank
+        self._counts.zero_()
+        per_param, losses = counts[:-1].tolist(), int(counts[-1].item())
+        self.loss_values += losses
+        bad = [name for name, count in zip(self._names, per_param) if count > 0]
+        self._bad_step = bool(bad)
+        if not bad:
+            return control
+        self.steps += 1
+        self.grad_values += int(sum(per_param))
+        step = state.global_step + 1
+        self.first_bad = ", ".join(bad[:NAMES_SHOWN]) + (f" and {len(bad) - NAMES_SHOWN} more" if
+                                                         len(bad) > NAMES_SHOWN else "")
+        update_skip: UpdateSkip = self.trainer.update_skip
+        if not _is_deepspeed(self.trainer.accelerator):
+            update_skip.skip()  # the optimizer is not stepped, the schedule stays, the gradients are dropped
+        elif not self.trainer.optimizer.step_was_skipped:
+            raise NonFiniteStop(
+                f"Step {step}: the gradients of {self.first_bad} held {int(sum(per_param))} NaN/inf values and "
+                "DeepSpeed applied the update (its overflow check is off: bf16 with check_grad_overflow false?); the "
+                "weights may hold them. Turn DeepSpeed's check on, then resume from the last checkpoint "
+                "(--resume_from_checkpoint true).")
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        metrics = self.trainer._metrics["train"]
+        for key, value in ((STEPS_METRIC, self.steps), (GRAD_METRIC, self.grad_values),
+                           (LOSS_METRIC, self.loss_values)):
+            metrics[key] = [float(value)]  # counts since the run began: never averaged
+        if not self._bad_step:
+            self.in_a_row = 0
+            return control
+        self._bad_step, self.in_a_row = False, self.in_a_row + 1
+        control.should_log = True  # the step's counts reach the log now
+        if self.in_a_row >= self.stop_after:
+            last_applied = state.global_step - self.in_a_row
+            self.stop_line = (
+                f"Training stopped at step {state.global_step}: the gradients of {self.in_a_row} steps in a row "
+                f"held NaN/inf values (in this one: {self.first_bad}), and none was applied "
+                f"(nonfinite_stop_after={self.stop_after}). checkpoint-{state.global_step} holds the weights of "
+                f"step {last_applied}, all finite. Remove the cause (a lower learning rate, fp32 or the attention "
+                "guard, cudnn_sdpa_guard), then resume with --resume_from_checkpoint true.")
+            control.should_save = control.should_training_stop = True
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        """The stop's checkpoint is complete (`checkpoint.save_complete` wrote its marker): stop with the line."""
+        if self.stop_line is not None:
+            line, self.stop_line = self.stop_line, None
+            raise NonFiniteStop(line)
+        return control
+
+    # --- Checkpointed counters (`checkpoint.or1_state`)
+    def state(self) -> dict[str, int]:
+        return {"steps": self.steps, "grad_values": self.grad_values, "loss_values": self.loss_values}
+
+    def load_state(self, state: dict[str, int]) -> None:
+        self.steps, self.grad_values, self.loss_values = state["steps"], state["grad_values"], state["loss_values"]
+        self.in_a_row = 0  # a resumed run starts a new streak
+
+
+def _is_deepspeed(accelerator) -> bool:
+    return accelerator.distributed_type.value == "DEEPSPEED"
+
+
+def attach(trainer, stop_after: int | None) -> NonFiniteSentinel:
+    """The trainer's sentinel, added as its callback; with `stop_after=None` an idle one (TRL's behaviour: every
+    update applied, nothing counted or logged)."""
+    sentinel = NonFiniteSentinel(trainer, stop_after=stop_after)
+    if stop_after is not None:
+        trainer.add_callback(sentinel)
+    return sentinel
