@@ -57,7 +57,8 @@ class StepPrinter(TrainerCallback):
         if "reward" in logs:
             self.rewards.append(logs["reward"])
             if state.is_world_process_zero:
-                print(step_line(logs, state.global_step, state.max_steps, self._skipped), flush=True)
+                print(step_line(logs, step=state.global_step, max_steps=state.max_steps, skipped_before=self._skipped),
+                      flush=True)
             self._skipped = logs.get("skipped_steps", self._skipped)
         elif "eval_reward" in logs and state.is_world_process_zero:
             shown = [key for key in logs if key == "eval_reward" or "avg@" in key or "pass@" in key]
