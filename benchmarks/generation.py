@@ -41,9 +41,9 @@ import time
 
 import torch
 
-from or1_trl.cli.demo_run import addition_dataset
-from or1_trl.cli.real_demo import CONTEXT, PROMPTS_PER_STEP, SERVER_ARGS, TRAIN_PER_RUNG, HELD_OUT_PER_RUNG
-from or1_trl.data.ladder import ladder_split
+from or1_trl.demos.tiny import addition_dataset
+from or1_trl.demos.real_model import CONTEXT, PROMPTS_PER_STEP, SERVER_ARGS, TRAIN_PER_RUNG, HELD_OUT_PER_RUNG
+from or1_trl.demos.ladder import ladder_split
 from or1_trl.generation.sampling import prompt_token_ids
 from or1_trl.generation.serve import free_port, running_server, start_server
 from or1_trl.testing import VLLM_CPU_ARGS, save_tiny_model, tiny_model, tiny_tokenizer, vllm_python

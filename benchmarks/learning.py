@@ -23,7 +23,7 @@ reported: avg@4 on the 70 RL problems at the start and the end, and the policy's
 (the same measurement for both trainers; each trainer's own logged entropy differs: OR1's is over kept tokens).
 
 Each seed s (0..4) builds its own starting model: the tiny model initialised with seed s and an SFT warm-up (TRL's
-`SFTTrainer`, `or1_trl.cli.demo_run.warm_up`: batch 32, lr 3e-3, about 19 examples per addition problem: 60 steps for toy
+`SFTTrainer`, `or1_trl.demos.tiny.warm_up`: batch 32, lr 3e-3, about 19 examples per addition problem: 60 steps for toy
 (i), 120 for toy (ii) whose SFT data also holds the copy prompts); both arms of a comparison start from that same
 model (saved once, loaded afresh per arm) and train with seed s (paired by seed). Ratios are OR1 / GRPO of the means
 over seeds; the interval is the 2.5–97.5% percentile of 10,000 paired bootstrap resamples of the seeds.
@@ -75,7 +75,7 @@ MAGIC's regime, with the paper's ablations, the 80/20 rule and 1-shot RLVR.
     python benchmarks/learning.py --ladder [--arms ...] [--seeds N] [--generation vllm|hf] [--results DIR]
                                    [--plot PNG] [--markdown FILE] [--report-only]
 
-- Task: the arithmetic ladder (`or1_trl/data/ladder.py`, six rungs from one-digit sums to two-digit sums and a word
+- Task: the arithmetic ladder (`or1_trl/demos/ladder.py`, six rungs from one-digit sums to two-digit sums and a word
   problem), scored by `math_reward`; one fixed split (`ladder_split(10, 36, seed=1234)`): 60 training prompts, 216
   held-out prompts RL never trains on. The pool is small on purpose: a run draws 4 × 36 prompts, so it passes over
   the pool about twice and the recipe's prompt statistics have something to see (the online filter at the stage
@@ -181,7 +181,7 @@ from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.cli.demo_run import warm_up
+from or1_trl.demos.tiny import warm_up
 from or1_trl.rewards import math_reward
 from or1_trl.testing import CPU_RUN, tiny_model_and_tokenizer
 
@@ -590,7 +590,7 @@ LADDER_QUICK = LadderSettings(steps=2, target=0.5, eval_every=1, samples=2, trai
 def ladder_data(settings: LadderSettings):
     """`(training prompts, held-out prompts)` of the ladder: the fixed split (`LADDER_SPLIT_SEED`), every rung, with
     `answer` and `prompt_id` (the training set without `rung`)."""
-    from or1_trl.data.ladder import ladder_split
+    from or1_trl.demos.ladder import ladder_split
 
     train, held_out = ladder_split(settings.train_per_rung, settings.held_out_per_rung, seed=LADDER_SPLIT_SEED)
     return train.remove_columns("rung"), held_out
@@ -601,7 +601,7 @@ def ladder_config(arm: str, seed: int, output_dir: str, settings: LadderSettings
     arm's change; `grpo` a `GRPOConfig` with its defaults but the OR1 arm's learning rate and (constant) schedule,
     batch, group size, precision and final context, generating on the same server (`url`; None: HF `generate` in the
     trainer, on the GPU where there is one)."""
-    from or1_trl.cli.real_demo import demo_config
+    from or1_trl.demos.real_model import demo_config
 
     or1 = demo_config(output_dir, settings.steps, seed, url, prompt_id_column="prompt_id", **OR1_ARMS.get(arm, {}))
     if arm != "grpo":
@@ -643,7 +643,7 @@ def one_shot_dataset(arm: str, seed: int, train, results_dir: str, rows: int):
 
 
 def ladder_problems(held_out) -> list:
-    from or1_trl.cli.real_demo import held_out_problems
+    from or1_trl.demos.real_model import held_out_problems
 
     return held_out_problems(held_out)
 
@@ -708,7 +708,7 @@ def evaluate_ladder(backends, problems: list, settings: LadderSettings, step: in
     """Held-out accuracy of the policy `backends` sample from (`(sampled, greedy)`: `server_backends`, `hf_backends`):
     avg@`samples` at T = 1.0 (seeded per prompt and step, the same for every arm and seed), the policy's entropy on
     those samples (NaN where the backend gives no log-probs: HF), greedy accuracy; overall and per rung."""
-    from or1_trl.cli.real_demo import CONTEXT
+    from or1_trl.demos.real_model import CONTEXT
     from or1_trl.eval.evaluation import eval_scorer
     from or1_trl.generation.sampling import SamplingSettings, sample
     from or1_trl.rewards import math_reward
@@ -735,7 +735,7 @@ def measure_regime(backend, train, settings: LadderSettings) -> dict:
     """MAGIC's regime before RL, on the starting model `backend` samples from: 8 samples (the group) of every training
     prompt at T = 1.0 with the first stage's context and with the last one; the share of zero-variance groups (all
     wrong, all right) and of truncated completions, overall and per rung."""
-    from or1_trl.cli.real_demo import CONTEXT, FIRST_CONTEXT, GROUP
+    from or1_trl.demos.real_model import CONTEXT, FIRST_CONTEXT, GROUP
     from or1_trl.eval.evaluation import Problem, eval_scorer
     from or1_trl.generation.sampling import SamplingSettings, sample
     from or1_trl.rewards import math_reward
@@ -1038,7 +1038,7 @@ def ladder_goals(results: dict) -> list[tuple[str, bool | None, str]]:
 
 
 def ladder_markdown(results: dict, settings: LadderSettings, regime: dict, quick: bool) -> str:
-    from or1_trl.cli.real_demo import CONTEXT, FIRST_CONTEXT, GROUP, PROMPTS_PER_STEP
+    from or1_trl.demos.real_model import CONTEXT, FIRST_CONTEXT, GROUP, PROMPTS_PER_STEP
 
     seeds = {arm: sorted(runs) for arm, runs in results.items()}
     held_out = 6 * settings.held_out_per_rung
@@ -1214,7 +1214,7 @@ def ladder_main(args) -> dict:
 
 
 def run_ladder(todo, settings, results_dir, regime_path, start_path, stack, folder, write_json_atomic) -> None:
-    from or1_trl.cli.real_demo import SERVER_ARGS
+    from or1_trl.demos.real_model import SERVER_ARGS
     from or1_trl.generation.serve import running_server, user_dir
     from or1_trl.testing import vllm_python
 

@@ -3,7 +3,7 @@ cost choices buys in the update.
 
     python benchmarks/real_demo.py [--steps 30] [--cost-steps 6] [--quick] [--markdown FILE] [--json FILE]
 
-Part 1, the demo (`or1_trl.cli.real_demo.run_real_demo`, its defaults; `--steps` OR1 steps): held-out accuracy at
+Part 1, the demo (`or1_trl.demos.real_model.run_real_demo`, its defaults; `--steps` OR1 steps): held-out accuracy at
 T = 1.0 (avg@4 over the 144 held-out prompts of the arithmetic ladder) before and after, per rung, the gain's 95%
 paired-bootstrap interval, the wall clock of the whole run (model folder check, server start, both evaluations,
 training) and the step's time split (median over the steps of `time/*_s`, OR1Trainer's split). Goal (issue 34):
@@ -63,8 +63,8 @@ def cost_arm(arm: str, folder: str, url: str, steps: int, workdir: str) -> dict:
     """`steps` steps of the demo's config with the arm's change; the update's median seconds and tokens per step."""
     from transformers import PrinterCallback
 
-    from or1_trl.cli.real_demo import TRAIN_PER_RUNG, demo_config
-    from or1_trl.data.ladder import ladder_split
+    from or1_trl.demos.real_model import TRAIN_PER_RUNG, demo_config
+    from or1_trl.demos.ladder import ladder_split
     from or1_trl.rewards import math_reward
     from or1_trl.trainer.or1_trainer import OR1Trainer
 
@@ -125,7 +125,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--markdown", metavar="FILE")
     parser.add_argument("--json", metavar="FILE", help="the figures, unrounded")
     args = parser.parse_args(argv)
-    from or1_trl.cli.real_demo import DEFAULT_STEPS, SERVER_ARGS, run_real_demo
+    from or1_trl.demos.real_model import DEFAULT_STEPS, SERVER_ARGS, run_real_demo
     from or1_trl.generation.serve import running_server
     from or1_trl.models import model_folder
     from or1_trl.testing import vllm_python

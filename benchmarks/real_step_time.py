@@ -5,8 +5,8 @@ shape, where each step's time goes, and the update's achieved FLOP/s against a G
     python benchmarks/real_step_time.py --quick      # about a minute: 1 repetition of 1 step, 1 prompt x 8, 8 tokens
 
 The model: `or1-trl model smollm2`'s folder (`--model-dir`, default `or1_trl.models.model_folder("smollm2")`), loaded
-in fp32 for each run. The shape: the real-model demo's (`or1_trl.cli.real_demo.demo_config`): 4 prompts x 8 samples
-per step from the arithmetic ladder's training prompts (`or1_trl.data.ladder`), completions of at most 48 tokens (the
+in fp32 for each run. The shape: the real-model demo's (`or1_trl.demos.real_model.demo_config`): 4 prompts x 8 samples
+per step from the arithmetic ladder's training prompts (`or1_trl.demos.ladder`), completions of at most 48 tokens (the
 demo's second stage; its first has 24), bf16 autocast (fp32 weights and AdamW), learning rate 3e-5, CPU. Arms:
 
 | arm | trainer | config | reward |
@@ -61,8 +61,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, T
 from trl import GRPOConfig, GRPOTrainer
 
 from or1_trl import OR1Trainer
-from or1_trl.cli.real_demo import CONTEXT, GROUP, HELD_OUT_PER_RUNG, PROMPTS_PER_STEP, TRAIN_PER_RUNG, demo_config
-from or1_trl.data.ladder import ladder_split
+from or1_trl.demos.real_model import CONTEXT, GROUP, HELD_OUT_PER_RUNG, PROMPTS_PER_STEP, TRAIN_PER_RUNG, demo_config
+from or1_trl.demos.ladder import ladder_split
 from or1_trl.rewards import math_reward
 from or1_trl.testing import CPU_RUN
 from step_time import StepClock, scripted_reward, spread

@@ -47,9 +47,9 @@ import time
 
 import torch
 
-from or1_trl.cli.demo_run import addition_dataset
-from or1_trl.cli.real_demo import HELD_OUT_PER_RUNG, SERVER_ARGS, TRAIN_PER_RUNG
-from or1_trl.data.ladder import ladder_split
+from or1_trl.demos.tiny import addition_dataset
+from or1_trl.demos.real_model import HELD_OUT_PER_RUNG, SERVER_ARGS, TRAIN_PER_RUNG
+from or1_trl.demos.ladder import ladder_split
 from or1_trl.recipe.rollout_correction import (DEFAULT_CAP, DEFAULT_ROLLOUT_CORRECTION, PREFIX, QUARTILES,
                                                correction_weights, row_stats, summarise, token_log_ratios, trl_weights)
 from or1_trl.generation.sampling import prompt_token_ids

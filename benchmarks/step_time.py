@@ -38,7 +38,7 @@ from transformers import AutoModelForCausalLM, PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.cli.demo_run import demo_model_and_data
+from or1_trl.demos.tiny import demo_model_and_data
 from or1_trl.rewards import math_reward
 from or1_trl.testing import CPU_RUN
 
@@ -81,7 +81,7 @@ def scripted_reward(half_constant: bool):
 
 
 def settings(output_dir: str, steps: int, prompts: int = 16) -> dict:
-    """The demo's shape (`or1_trl.cli.demo_run.demo_config`: 16 prompts per step), for either config class."""
+    """The demo's shape (`or1_trl.demos.tiny.demo_config`: 16 prompts per step), for either config class."""
     return dict(CPU_RUN, output_dir=output_dir, learning_rate=2e-4, lr_scheduler_type="constant",
                 per_device_train_batch_size=prompts * GROUP, num_generations=GROUP, max_completion_length=8,
                 max_steps=steps, log_level="warning")

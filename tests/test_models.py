@@ -188,7 +188,7 @@ def test_the_bf16_server_scores_tokens_with_the_trainers_pushed_weights(smollm2_
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from or1_trl import OR1Config, OR1Trainer
-    from or1_trl.data.ladder import ladder_split
+    from or1_trl.demos.ladder import ladder_split
     from or1_trl.testing import CPU_RUN
 
     from .helpers import model_logprobs, server_logprobs

@@ -249,11 +249,11 @@ CONTRACT: list[Use] = [
     Use("transformers.utils", "is_torch_bf16_gpu_available", GLOBAL, "",
         "config.py: bf16 defaults off where the device has none"),
     Use("trl.GRPOConfig", "__str__", METHOD, "self", "config.py overrides: the stages print in full"),
-    # --- callbacks (trainer.py, observability.py, demo.py) ------------------------------------------------------
+    # --- callbacks (trainer.py, observability.py, nonfinite.py, demos) ----------------------------------------------
     Use(CALLBACK, "on_step_end", METHOD, CALLBACK_PARAMS,
         "stage_run.StageEnd, observability.StepTimerCallback, nonfinite.NonFiniteSentinel (sets should_save/_stop)"),
     Use(CALLBACK, "on_train_end", METHOD, CALLBACK_PARAMS, "observability.SaveFinalState, trainer (stages)"),
-    Use(CALLBACK, "on_log", METHOD, CALLBACK_PARAMS, "console.StepPrinter, demo.SFTProgress (read logs=)"),
+    Use(CALLBACK, "on_log", METHOD, CALLBACK_PARAMS, "step_printer.StepPrinter, demos.tiny.SFTProgress (read logs=)"),
     Use(CALLBACK, "on_pre_optimizer_step", METHOD, CALLBACK_PARAMS,
         "observability.StepTimerCallback; nonfinite.NonFiniteSentinel (after the last backward, before the step)"),
     Use(CALLBACK, "on_save", METHOD, CALLBACK_PARAMS,

@@ -1,12 +1,12 @@
-"""`or1-trl demo`: `DemoArguments`, then `or1_trl.cli.demo_run.demo` (the tiny model) or
-`or1_trl.cli.real_demo.run_real_demo` (`--model smollm2`)."""
+"""`or1-trl demo`: `DemoArguments`, then `or1_trl.demos.tiny.demo` (the tiny model) or
+`or1_trl.demos.real_model.run_real_demo` (`--model smollm2`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..demos.real_model import DEFAULT_STEPS
 from .parsing import check_at_least_one, check_output_dir, command_parser, parse_command
-from .real_demo import DEFAULT_STEPS
 
 #: Per model: the default output directory and number of OR1 steps.
 DEFAULTS = {"tiny": ("outputs/or1-demo", 150), "smollm2": ("outputs/or1-demo-smollm2", DEFAULT_STEPS)}
@@ -35,7 +35,7 @@ class DemoArguments:
         "choices": ["auto", "vllm", "hf"]})
 
     def __post_init__(self):
-        from .demo_run import check_demo_dir
+        from ..demos.tiny import check_demo_dir
 
         default_dir, default_steps = DEFAULTS[self.model]
         self.output_dir = self.output_dir or default_dir
@@ -61,10 +61,10 @@ def demo(argv: list[str] | None = None, prog: str | None = "or1-trl demo") -> No
     (args,) = parse_command(demo_parser(prog), argv)
     with quiet_deprecations():  # transformers' `gradient_checkpointing` FutureWarnings, raised by TRL at every step
         if args.model == "tiny":
-            from .demo_run import demo as run
+            from ..demos.tiny import demo as run
 
             run(args.output_dir, args.seed, args.max_steps, args.sft_steps)
         else:
-            from .real_demo import run_real_demo
+            from ..demos.real_model import run_real_demo
 
             run_real_demo(args.model, args.output_dir, args.seed, args.max_steps, args.generation)

@@ -129,7 +129,7 @@ def build_trainer(script_args, training_args, model_args):
     check_output_dir(training_args.output_dir, training_args.resume_from_checkpoint,
                      training_args.overwrite_output_dir)
     if builtin:
-        from .demo_run import demo_model_and_data
+        from ..demos.tiny import demo_model_and_data
         from ..rewards import math_reward
 
         model, tokenizer, dataset = demo_model_and_data(os.path.join(training_args.output_dir, "sft"),
@@ -151,12 +151,13 @@ def build_trainer(script_args, training_args, model_args):
 
 
 def train_and_save(trainer, dataset_name: str | None = None) -> None:
-    """Train (resuming from `args.resume_from_checkpoint`) with one line per step (`console.show_steps`), save the
+    """Train (resuming from `args.resume_from_checkpoint`) with one line per step (`step_printer.show_steps`), save the
     model and its card to `args.output_dir`, push it to the Hub when `args.push_to_hub`, then say where everything is
     and what to run next (`console.closing_lines`, main process). A full disk while saving a checkpoint or the model:
     `checkpoint.DiskFullError`, one line."""
     from ..trainer.checkpoint import checkpoints, find_problems, required_files, saving_final
-    from .console import closing_lines, show_steps
+    from ..trainer.step_printer import show_steps
+    from .console import closing_lines
 
     args = trainer.args
     show_steps(trainer)

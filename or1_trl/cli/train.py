@@ -117,7 +117,7 @@ def train_parser(prog: str | None = "or1-trl train"):
         "examples/recipes/. Run with `accelerate launch examples/train_or1.py ...` for several processes.",
         usage="%(prog)s [-h] [--config RECIPE.yaml] [--model_name_or_path M --dataset_name D] [--FLAG VALUE ...]",
     )
-    parser.set_defaults(logging_steps=1)  # one line per step (`console.StepPrinter`); TRL's default logs every 10th
+    parser.set_defaults(logging_steps=1)  # a line per step (`step_printer.StepPrinter`); TRL's default logs every 10th
     return parser
 
 

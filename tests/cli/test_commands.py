@@ -4,7 +4,6 @@ dataset and a recipe YAML; the recipes parse into the paper's numbers."""
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 
@@ -12,10 +11,9 @@ import pytest
 from trl import ModelConfig, TrlParser
 
 from or1_trl import OR1Config
-from or1_trl.cli import COMMANDS, ScriptArguments, model_path_problem, parse_command, train_parser
+from or1_trl.cli import COMMANDS, ScriptArguments, parse_command, train_parser
 from or1_trl.testing import save_tiny_model
 from ..helpers import ENV, RECIPES, ROOT, TINY, exit_code
-
 
 
 def or1_trl_cli(*args, cwd=None, timeout=120):
@@ -196,13 +194,6 @@ def test_train_says_a_model_path_does_not_exist_before_loading_anything(capsys, 
     assert code == 2 and f"or1-trl train: error: model path {name!r} does not exist" in err
 
 
-def test_model_name_or_path_check():
-    assert model_path_problem("Qwen/Qwen2.5-0.5B-Instruct") is None and model_path_problem("gpt2") is None
-    assert model_path_problem(ROOT) is None  # an existing directory
-    assert "is a file" in model_path_problem(os.path.join(ROOT, "pyproject.toml"))
-    assert "neither an existing local directory nor a valid Hub id" in model_path_problem("my model")
-
-
 def test_answer_column_defaults_to_the_rewards_column():
     def answer_column(*flags):
         return parse("skywork_or1_math_7b.yaml", "--bf16", "false", "--use_cpu", "true", *flags)[0].answer_column
@@ -321,42 +312,6 @@ def test_code_reward_trains_on_a_tests_column_without_answer_column(tmp_path):
     from or1_trl.eval.model_card import trained_completion_length
 
     assert trained_completion_length(str(out)) == 8  # examples/recipes/tiny_cpu.yaml
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_demo_with_two_processes_prints_the_summary_once(tmp_path):
-    command = [sys.executable, "-m", "accelerate.commands.launch",
-               "--config_file", os.path.join(ROOT, "configs/accelerate/cpu_2proc.yaml"),
-               "--main_process_port", str(free_port()),
-               "-m", "or1_trl.cli", "demo", "--output_dir", str(tmp_path / "demo"),
-               "--max_steps", "3", "--sft_steps", "2"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                            env={**ENV, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stderr[-4000:]
-    lines = result.stdout.strip().splitlines()
-    steps = [line for line in lines if line.startswith("step ")]
-    assert [line[:8] for line in steps] == ["step   1", "step   2", "step   3"]
-    summaries = [line for line in lines if line.startswith("OR1 demo:")]
-    assert len(summaries) == 1 and summaries[0] == lines[-1]
-    rewards = [float(re.search(r"reward (\S+)", line).group(1)) for line in steps]
-    first, last = map(float, re.fullmatch(r"OR1 demo: reward (\d\.\d{3}) -> (\d\.\d{3})", summaries[0]).groups())
-    assert abs(first - sum(rewards) / 3) < 1e-3 and first == last  # fewer than 5 steps: both windows are all steps
-    assert sorted(os.listdir(tmp_path)) == ["demo"] and os.path.isdir(tmp_path / "demo" / "sft")
-    # The warm-up shows progress (its loss falls), the demo says where its outputs are, and they are there.
-    sft = [float(line.split("loss ")[1]) for line in lines if line.startswith("SFT warm-up step ")]
-    assert [line.split(" |")[0] for line in lines if line.startswith("SFT warm-up")] == \
-        ["SFT warm-up step 1/2", "SFT warm-up step 2/2"] and sft[1] < sft[0]
-    saved = str(tmp_path / "demo")
-    assert lines[-2].startswith(f"Saved the trained model and tokenizer to {saved} ")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    assert AutoModelForCausalLM.from_pretrained(saved).num_parameters() > 0 and AutoTokenizer.from_pretrained(saved)
-    assert {"trainer_state.json", "prompt_stats.jsonl"} <= set(os.listdir(saved))
 
 
 def test_tiny_two_stage_recipe_runs_offline_with_its_own_model_and_data(tmp_path):

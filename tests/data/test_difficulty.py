@@ -10,7 +10,7 @@ from datasets import Dataset, load_dataset
 
 from or1_trl.cli import main
 from or1_trl.data.released import filter_by_difficulty, prompt_text
-from or1_trl.cli.demo_run import addition_dataset
+from or1_trl.demos.tiny import addition_dataset
 from or1_trl.data.difficulty import estimate_difficulty
 from or1_trl.rewards import CodeReward, MathReward
 from or1_trl.rewards.sandbox import SandboxUnavailable

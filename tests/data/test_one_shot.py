@@ -11,7 +11,7 @@ from datasets import Dataset
 
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.cli import main
-from or1_trl.cli.demo_run import addition_dataset
+from or1_trl.demos.tiny import addition_dataset
 from or1_trl.data.one_shot import epoch_accuracies, rank_prompts, replicate, select_examples
 from or1_trl.recipe.prompts import content_id
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args

@@ -10,9 +10,9 @@ from datasets import Dataset
 from trl import GRPOConfig
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.data.preflight import check_datasets, check_prompt_lengths
+from or1_trl.data.preflight import check_prompt_lengths
 from or1_trl.data.released import InvalidRow, check_math_gold, math_golds, training_dataset
-from or1_trl.rewards import MathReward, code_reward, mixed_rewards
+from or1_trl.rewards import MathReward
 from or1_trl.testing import tiny_tokenizer, tiny_training_args
 
 
@@ -80,21 +80,6 @@ def test_dict_golds_fail_the_python_api_before_the_model_loads(args):
             "(rows 0, 2, 4; first: wrong gold type (a list holding a dict: ")) as exc:
         OR1Trainer(NO_MODEL, MathReward(num_workers=0), args=args, train_dataset=good, eval_dataset=mixed)
     assert "; 2 no gold answer (rows 1, 3; first: no gold answer)." in str(exc.value)
-
-
-def test_mixed_rewards_check_each_row_with_its_own_verifier(args):
-    """`mixed_rewards`: math golds are checked on the math rows only, code tests on the code rows only."""
-    tests = '{"inputs": ["1\\n"], "outputs": ["1\\n"]}'
-    data = Dataset.from_dict({"prompt": ["m0", "c1", "m2", "c3"], "ability": ["math", "code", "math", "code"],
-                              "answer": [["1"], None, ["2"], None], "tests": [None, tests, None, tests]})
-    check_datasets(mixed_rewards(), data)  # valid: no error although code rows lack answers and math rows tests
-    bad = data.map(lambda row, i: {"tests": '{"inputs": [1]}' if i == 3 else row["tests"]}, with_indices=True)
-    with pytest.raises(ValueError, match=re.escape("train_dataset column 'tests' (read by 'code_reward'): 1 of 4 rows "
-                                                   "cannot be scored: 1 malformed test JSON (row 3;")):
-        OR1Trainer(NO_MODEL, mixed_rewards(), args=args, train_dataset=bad)
-    with pytest.raises(ValueError, match=re.escape("column 'tests' (read by 'code_reward'): 1 of 2 rows cannot be "
-                                                   "scored: 1 malformed test JSON (row 1;")):
-        OR1Trainer(NO_MODEL, code_reward, args=args, train_dataset=bad.select([1, 3]))
 
 
 def test_dict_golds_fail_the_cli_data_path():

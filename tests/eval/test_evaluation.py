@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from or1_trl.cli import main
-from or1_trl.cli.demo_run import addition_dataset
+from or1_trl.demos.tiny import addition_dataset
 from or1_trl.eval.evaluation import (
     SUMMARY_JSON,
     SUMMARY_MD,

@@ -14,7 +14,7 @@ import yaml
 
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.cli import main
-from or1_trl.cli.demo_run import addition_dataset
+from or1_trl.demos.tiny import addition_dataset
 from or1_trl.eval.evaluation import SUMMARY_JSON, summarize
 from or1_trl.eval.model_card import EVAL_END, EVAL_START, SECTION_START, trained_completion_length
 from or1_trl.rewards import MathReward

@@ -11,7 +11,7 @@ import re
 import pytest
 import requests
 
-from or1_trl.cli.demo_run import addition_dataset
+from or1_trl.demos.tiny import addition_dataset
 from or1_trl.rewards import MathReward
 from or1_trl.generation.sampling import (
     HFBackend,

