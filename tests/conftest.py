@@ -124,13 +124,17 @@ class VLLMServer:
         self.headers = {"Authorization": f"Bearer {self.api_key}"}
 
     def start(self):
+        import functools
         import subprocess
 
-        from or1_trl.generation.serve import wait_for_health
+        from or1_trl.generation.serve import die_with_parent, wait_for_health
 
         self._log = open(self.log_path, "a")
+        # A pytest killed (a timeout, Ctrl-C twice, SIGKILL) takes its servers with it: `or1-trl serve` gets SIGTERM
+        # when this process dies and passes it on to vLLM (`die_with_parent`), instead of holding CPUs and memory.
         self.process = subprocess.Popen(self._command, stdout=self._log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, env=self._env)
+                                        start_new_session=True, env=self._env,
+                                        preexec_fn=functools.partial(die_with_parent, os.getpid()))
         try:
             wait_for_health(self.url, self.process, timeout=600)
         except BaseException:
