@@ -5,6 +5,7 @@ import importlib.util
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 
@@ -460,3 +461,21 @@ def test_sdpa_guard_logs_an_arm_whose_grad_q_is_all_nan():
     assert sdpa_guard.backward_line(704, "random", arms) == (
         "backward L=704 random: non-finite grad q/k/v, max |dq - MATH fp32| -- cudnn 2/0/0 none finite; "
         "flash refused; guard_on 0/0/0 0.5")
+
+
+def test_gpu_nan_checks_script_runs_its_quick_mode_on_cpu(tmp_path):
+    """`scripts/gpu_nan_checks.sh --quick` (`benchmarks/nonfinite_sentinel.py --quick`) on the CPU: both arms timed
+    on the same steps, every time positive, the ratio their medians', no step counted non-finite (the gradients of a
+    plain update are finite), no synchronisation check without CUDA."""
+    result = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_nan_checks.sh"), "--quick"], cwd=tmp_path,
+                            env={**ENV, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:]
+    with open(tmp_path / "out" / "sentinel_cpu.json") as f:
+        values = json.load(f)
+    assert values["model"] == "tiny" and values["device"] == "cpu" and values["sync_free_backward"] is None
+    assert len(values["off_s"]) == len(values["on_s"]) == values["reps"] == 3
+    assert all(seconds > 0 for seconds in values["off_s"] + values["on_s"])
+    assert values["median_off_s"] == statistics.median(values["off_s"])
+    assert values["ratio_on_off"] == values["median_on_s"] / values["median_off_s"]
+    assert values["steps_counted_nonfinite"] == 0
