@@ -6,9 +6,11 @@ import os
 import pytest
 import torch
 from datasets import Dataset
+from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from or1_trl import OR1Config, OR1Trainer
+from or1_trl.generation.finite_logits import NonFiniteLogitsError
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 from ..helpers import ScriptedReward, logged, parity_reward, tagged_dataset
 
@@ -345,3 +347,46 @@ def test_changed_defaults_are_announced_once_at_start(tmp_path, caplog):
     assert OR1Config(**tiny_training_args(tmp_path, lr_scheduler_type="linear", use_adaptive_entropy=False,
                                           rejection_sampling="off", logprob_backend="trl",
                                           rollout_correction="trl")).changed_defaults() == []
+
+
+class NaNAfterStep(TrainerCallback):
+    """Once step `after` is done: its weights kept (`weights`), and the next LM head forward (the next rollout's
+    first sampling step) returns NaN in row `row`'s logits."""
+
+    def __init__(self, model, after: int, row: int):
+        self.model, self.after, self.row, self.weights, self.armed = model, after, row, None, False
+        model.lm_head.register_forward_hook(self.plant)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.after:
+            self.weights = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+            self.armed = True
+
+    def plant(self, module, inputs, output):
+        if self.armed:
+            self.armed = False
+            output = output.clone()
+            output[self.row] = float("nan")
+        return output
+
+
+def test_a_nan_logit_at_sampling_stops_the_run_naming_the_step_and_row_before_training_on_it(tmp_path):
+    """HF `generate` path: a NaN in row 3's logits at step 2's rollout ends the run with `NonFiniteLogitsError`
+    naming step 2 and row 3 (not `torch.multinomial`'s error); step 1 trained, step 2 changed no weight."""
+    model, tokenizer = tiny_model_and_tokenizer(seed=0)
+    args = OR1Config(**tiny_training_args(tmp_path, learning_rate=1e-2, max_steps=3))
+    trainer = OR1Trainer(model, parity_reward, args=args, train_dataset=tagged_dataset(["MIX"] * 16),
+                         processing_class=tokenizer)
+    initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    nan = NaNAfterStep(trainer.model, after=1, row=3)
+    trainer.add_callback(nan)
+    with pytest.raises(NonFiniteLogitsError) as error:
+        trainer.train()
+    assert error.value.rows == [3] and error.value.batch_size == 8
+    assert str(error.value).startswith("non-finite logits (NaN/inf) at sampling, training step 2 (the step was not "
+                                       "trained on): rows [3] of the 8-row batch; ")
+    assert trainer.state.global_step == 1 and not nan.armed
+    assert any(not torch.equal(nan.weights[n], initial[n]) for n in initial)  # step 1 trained
+    for name, param in trainer.model.named_parameters():
+        assert torch.equal(param, nan.weights[name]), name  # step 2 did not
+    assert "generate" not in vars(trainer.model)

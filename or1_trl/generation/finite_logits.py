@@ -1,0 +1,115 @@
+"""Non-finite logits at sampling (issue 47): one line naming where and which rows, never a device-side assert.
+
+A NaN or inf in a policy's logits (NaN weights after a bad update; cuDNN's SDPA backward on Hopper,
+`trainer/attention_guard.py`) reaches `torch.multinomial`, which on CUDA dies in a device-side assert naming no step
+and no row, and leaves the process unusable. On the vLLM path nothing dies: the sampled tokens come back with NaN
+log-probs (TRL sends them as `None`), and TRL 1.16 trains on the rollout with those positions' correction zeroed.
+
+    with finite_sampling(model, end_token_id=eos) as guard:   # HF generate: model.generate gets the processor
+        model.generate(...)
+    guard.bad_rows()                                          # the one host read: rows whose logits were non-finite
+    nonfinite_logprob_rows(logprobs)                          # vLLM: rows whose sampled tokens' log-probs are not
+    raise NonFiniteLogitsError(where, rows=rows, batch_size=len(batch))
+
+Invariants:
+- A row is bad at a step when the log-sum-exp of its scores (after every other processor: temperature, top-k/p) is
+  not finite: a NaN, a +inf, or every score -inf, each of which `softmax` turns into NaN. One reduction per step.
+- `FiniteLogits` runs tensor operations only: its flags (`[B]` bool, on the scores' device) are OR-ed each step, never
+  read on the host while `generate` runs (no `.item()`, no Python `bool` of a tensor: no sync per token). A bad row's
+  scores become a one-hot on `end_token_id` (the row samples it and ends; uniform without one); other rows' scores
+  are returned unchanged (the same tensor values). `bad_rows` is the one read, after `generate` returns.
+- `finite_sampling` gives `model.generate` the processor (appended to any the call passes, so it sees the final
+  scores) for the duration of the block only: an instance attribute, removed on exit, as TRL calls `generate` with no
+  way to pass a processor.
+- `NonFiniteLogitsError`'s message is one line: where (the step, the process, the prompts), the rows, what to do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+ADVICE = ("the model's forward returned NaN/inf for them: its weights may hold a NaN from an earlier update (lower "
+          "learning_rate or max_grad_norm; bf16 or fp32 rather than fp16), and on H100/H200 GPUs keep "
+          "cudnn_sdpa_guard on (docs/distributing_training.md#the-hopper-attention-guard)")
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """A non-finite logit (HF `generate`) or log-prob (vLLM) at sampling: one line naming `where` and the rows.
+
+    Attributes: `rows` (the bad rows of the sampled batch: indices, or the prompts' ids), `batch_size`, `where`."""
+
+    def __init__(self, where: str, rows: Sequence, batch_size: int, source: str = "logits"):
+        self.where, self.rows, self.batch_size = where, list(rows), batch_size
+        shown = self.rows if len(self.rows) <= 16 else [*self.rows[:16], f"... {len(self.rows) - 16} more"]
+        super().__init__(f"non-finite {source} (NaN/inf) at sampling, {where}: rows {shown} of the "
+                         f"{batch_size}-row batch; {ADVICE}")
+
+
+class FiniteLogits(LogitsProcessor):
+    """A transformers `LogitsProcessor` that flags the rows whose scores are not finite and samples `end_token_id` for
+    them instead (uniform without one), without reading anything on the host. See the module's invariants.
+
+    Attributes: `flags` (`[B]` bool tensor on the scores' device, OR-ed over the steps so far; `None` before the
+    first step)."""
+
+    def __init__(self, end_token_id: int | None = None):
+        self.end_token_id = end_token_id
+        self.flags: torch.Tensor | None = None
+        self._fallback: torch.Tensor | None = None  # [V]: 0 at end_token_id, -inf elsewhere (or 0 everywhere)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:  # [B, L], [B, V]
+        bad = ~torch.isfinite(torch.logsumexp(scores, dim=-1))  # [B]
+        self.flags = bad if self.flags is None else self.flags | bad
+        return torch.where(bad[:, None], self.fallback(scores), scores)  # [B, V]
+
+    def fallback(self, scores: torch.Tensor) -> torch.Tensor:
+        """The finite distribution a bad row samples from (`[V]`, made once for the scores' vocabulary and device)."""
+        made = self._fallback
+        if made is None or (made.shape[0], made.device, made.dtype) != (scores.shape[-1], scores.device, scores.dtype):
+            if self.end_token_id is None:
+                made = torch.zeros(scores.shape[-1], dtype=scores.dtype, device=scores.device)  # [V] uniform
+            else:
+                made = torch.full((scores.shape[-1],), float("-inf"), dtype=scores.dtype, device=scores.device)
+                made[self.end_token_id] = 0.0
+            self._fallback = made
+        return made
+
+    def bad_rows(self) -> list[int]:
+        """The rows flagged at any step so far: one read of the flags on the host (after `generate` returns)."""
+        return [] if self.flags is None else self.flags.nonzero().flatten().tolist()
+
+
+@contextmanager
+def finite_sampling(model, end_token_id: int | None = None) -> Iterator[FiniteLogits]:
+    """While active, every `model.generate(...)` call samples through one `FiniteLogits(end_token_id)`, appended to
+    the call's own `logits_processor`; yields it (`bad_rows()` after the calls)."""
+    processor = FiniteLogits(end_token_id)
+    own = vars(model).get("generate")  # an instance attribute already there is restored on exit
+    generate = model.generate
+
+    def generate_finite(*args, logits_processor=None, **kwargs):
+        processors = LogitsProcessorList([*(logits_processor or []), processor])
+        return generate(*args, logits_processor=processors, **kwargs)
+
+    model.generate = generate_finite
+    try:
+        yield processor
+    finally:
+        if own is None:
+            del model.generate
+        else:
+            model.generate = own
+
+
+def nonfinite_logprob_rows(logprobs: Sequence[Sequence[float | None]] | None) -> list[int]:
+    """The rows of vLLM's per-token log-probs of the sampled tokens (TRL's form: one list per completion, a NaN sent
+    as `None`) that hold a `None`, a NaN or an inf; `[]` for `None` (no log-probs asked for)."""
+    if logprobs is None:
+        return []
+    return [row for row, values in enumerate(logprobs)
+            if not all(value is not None and math.isfinite(value) for value in values)]

@@ -1,0 +1,167 @@
+"""`generation/finite_logits.py`: non-finite scores flagged per row and sampled harmlessly, with no host read per
+token; `generate` on the tiny model with a NaN planted in one row's logits; vLLM's log-probs as TRL parses them."""
+
+import math
+from contextlib import contextmanager
+
+import pytest
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, TemperatureLogitsWarper
+from trl.generation.vllm_client import parse_logprobs
+
+from or1_trl.generation.finite_logits import (
+    FiniteLogits,
+    NonFiniteLogitsError,
+    finite_sampling,
+    nonfinite_logprob_rows,
+)
+
+INF = float("inf")
+
+
+def scores_with_bad_rows(vocab: int = 11):
+    """Rows 0 and 4 fine (row 4 with top-k style -inf), row 1 one NaN, row 2 one +inf, row 3 every score -inf."""
+    scores = torch.randn(5, vocab, generator=torch.Generator().manual_seed(0))  # [5, V]
+    scores[1, 3] = math.nan
+    scores[2, 7] = INF
+    scores[3] = -INF
+    scores[4, 5:] = -INF
+    return scores
+
+
+def test_bad_rows_are_flagged_and_sample_the_end_token_others_untouched():
+    scores = scores_with_bad_rows()
+    processor = FiniteLogits(end_token_id=2)
+    out = processor(torch.zeros(5, 1, dtype=torch.long), scores.clone())  # [5, V]
+    assert isinstance(processor.flags, torch.Tensor) and processor.flags.dtype == torch.bool
+    assert processor.flags.tolist() == [False, True, True, True, False]
+    assert torch.equal(out[[0, 4]], scores[[0, 4]])  # the same values, -inf of row 4 included
+    one_hot = torch.full((11,), -INF)
+    one_hot[2] = 0.0
+    assert torch.equal(out[1:4], one_hot.expand(3, -1))
+    probs = torch.softmax(out, dim=-1)  # what `generate` samples from: finite, and the bad rows' mass on token 2
+    assert torch.isfinite(probs).all() and probs[1:4, 2].tolist() == [1.0, 1.0, 1.0]
+    assert torch.multinomial(probs[1:4], 1).flatten().tolist() == [2, 2, 2]
+
+
+def test_flags_are_or_ed_over_steps_and_uniform_without_an_end_token():
+    processor = FiniteLogits()
+    first = torch.zeros(3, 4)
+    first[0, 1] = math.nan
+    out = processor(torch.zeros(3, 1, dtype=torch.long), first)
+    assert torch.equal(out, torch.zeros(3, 4))  # row 0: uniform (0 everywhere); rows 1, 2 were 0 already
+    second = torch.ones(3, 4)
+    second[2, 0] = INF
+    processor(torch.zeros(3, 2, dtype=torch.long), second)
+    assert processor.bad_rows() == [0, 2]  # row 0 stays flagged although its second step was finite
+    assert FiniteLogits().bad_rows() == []  # never called: nothing flagged
+
+
+def test_the_per_token_path_reads_nothing_on_the_host():
+    """On the meta device a tensor holds no data: `.item()`, `bool(tensor)`, `.tolist()` or `.nonzero()` there
+    raise. The processor runs there unchanged, so its per-token path never waits for the device (no sync per
+    token on CUDA); `bad_rows` is the one read, and it does need the data."""
+    processor = FiniteLogits(end_token_id=2)
+    for _ in range(3):
+        out = processor(torch.zeros(5, 1, dtype=torch.long, device="meta"), torch.empty(5, 11, device="meta"))
+        assert out.shape == (5, 11) and out.device.type == "meta"
+    assert processor.flags.shape == (5,) and processor.flags.device.type == "meta"
+    with pytest.raises((NotImplementedError, RuntimeError)):
+        processor.bad_rows()
+
+
+@contextmanager
+def planted_nan(model, row: int, step: int):
+    """While active, a forward hook on the LM head: NaN in `row`'s logits at the `step`-th forward since the block
+    began (0: the prompt's forward)."""
+    calls = []
+
+    def hook(module, inputs, output):
+        calls.append(None)
+        if len(calls) - 1 == step:
+            output = output.clone()
+            output[row] = math.nan
+        return output
+
+    handle = model.lm_head.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def sample(model, input_ids, attention_mask, seed=0):
+    config = GenerationConfig(max_new_tokens=6, do_sample=True, eos_token_id=model.config.eos_token_id,
+                              pad_token_id=model.config.pad_token_id, top_k=0)
+    torch.manual_seed(seed)
+    return model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+
+
+def test_generate_with_a_planted_nan_ends_that_row_and_leaves_the_others_as_sampled(tiny):
+    """A plain `generate` raises in `torch.multinomial` (a device-side assert on CUDA). Under `finite_sampling` the
+    bad row is flagged and samples EOS at that step; every other row's tokens are those of the run without a NaN (the
+    random stream is the same: the processor changes no draw)."""
+    model, tokenizer = tiny
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    model.config.eos_token_id, model.config.pad_token_id = eos, pad
+    prompts = [tokenizer(f"{i} + {i} = ")["input_ids"] for i in range(4)]
+    prompts[2] = prompts[2][:2]  # a short row, left-padded
+    width = max(map(len, prompts))
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # [4, P]
+    attention_mask = (torch.arange(width) >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+    reference = sample(model, input_ids, attention_mask)  # [4, P + 6]
+
+    with planted_nan(model, row=1, step=2), pytest.raises(RuntimeError, match="probability tensor contains"):
+        sample(model, input_ids, attention_mask)
+    with planted_nan(model, row=1, step=2), finite_sampling(model, end_token_id=eos) as guard:
+        assert "generate" in vars(model)
+        guarded = sample(model, input_ids, attention_mask)
+    assert "generate" not in vars(model)  # the class's method again
+    assert guard.bad_rows() == [1]
+    assert torch.equal(guarded[[0, 2, 3]], reference[[0, 2, 3]])
+    assert torch.equal(guarded[1, : width + 2], reference[1, : width + 2])  # the two tokens before the NaN
+    assert guarded[1, width + 2 :].tolist() == [eos] + [pad] * (guarded.size(1) - width - 3)
+
+
+def test_the_processor_comes_after_the_calls_own():
+    """A processor the caller passes runs first, so `FiniteLogits` sees the scores `softmax` will see."""
+    model_calls = []
+
+    class Model(torch.nn.Module):
+        def generate(self, *args, logits_processor=None, **kwargs):
+            model_calls.append(list(logits_processor))
+
+    model, temperature = Model(), TemperatureLogitsWarper(0.5)
+    with finite_sampling(model) as guard:
+        model.generate(logits_processor=LogitsProcessorList([temperature]))
+        model.generate()
+    assert model_calls == [[temperature, guard], [guard]]
+
+
+def test_the_error_is_one_line_naming_where_and_the_rows():
+    error = NonFiniteLogitsError("training step 3 (the step was not trained on)", rows=[1, 5], batch_size=8)
+    text = str(error)
+    assert "\n" not in text and error.rows == [1, 5] and error.batch_size == 8
+    assert text.startswith("non-finite logits (NaN/inf) at sampling, training step 3 (the step was not trained on): "
+                           "rows [1, 5] of the 8-row batch; ")
+    assert "cudnn_sdpa_guard" in text and "learning_rate" in text
+    many = str(NonFiniteLogitsError("eval", rows=range(40), batch_size=40))
+    assert "rows [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, '... 24 more'] of the 40-row" in many
+
+
+def test_vllm_logprobs_as_trl_parses_the_servers_answer():
+    """A `/v1/completions` answer's choices as vLLM writes them (`logprobs.token_logprobs`, `top_logprobs`; a NaN
+    log-prob reaches the client as JSON `NaN`, which `requests`' JSON decoder reads as a float nan), through TRL's
+    own `parse_logprobs` (a NaN becomes `None`), then the sampled token's column as `_generate_single_turn` keeps
+    it."""
+    def choice(values):
+        tokens = [f"token_id:{7 + i}" for i in range(len(values))]
+        return {"tokens": tokens, "token_logprobs": values,
+                "top_logprobs": [{token: value} for token, value in zip(tokens, values)]}
+
+    answers = [choice([-0.5, -1.25]), choice([-0.25, math.nan]), choice([-2.0, -0.125]), choice([-INF, -1.0])]
+    logprobs, _ = parse_logprobs(answers)
+    sampled = [[values[0] for values in row] for row in logprobs]  # TRL: the top-1 (sampled token) log-prob
+    assert sampled[1] == [-0.25, None]
+    assert nonfinite_logprob_rows(sampled) == [1, 3]
+    assert nonfinite_logprob_rows(None) == [] and nonfinite_logprob_rows([[], [-1.0]]) == []
