@@ -2,14 +2,18 @@
 
 A NaN or inf in a policy's logits (NaN weights after a bad update; cuDNN's SDPA backward on Hopper,
 `trainer/attention_guard.py`) reaches `torch.multinomial`, which on CUDA dies in a device-side assert naming no step
-and no row, and leaves the process unusable. On the vLLM path nothing dies: the sampled tokens come back with NaN
-log-probs (TRL sends them as `None`), and TRL 1.16 trains on the rollout with those positions' correction zeroed.
+and no row, and leaves the process unusable. On the vLLM path the sampled tokens come with NaN log-probs: in-process
+vLLM hands them to TRL as `None`, and TRL 1.16 trains on the rollout with those positions' correction zeroed; a vLLM
+server (0.32) cannot write a NaN in JSON and answers the whole request with HTTP 400 "Out of range float values are
+not JSON compliant", which TRL's client raises as a bare `Exception`.
 
-    with finite_sampling(model, end_token_id=eos) as guard:   # HF generate: model.generate gets the processor
+    checked_sampling(sample, model=policy, end_token_id=eos, place=lambda: "training step 3", batch_size=8)
+        # sample() -> (completion_ids, logprobs), TRL's `_generate_single_turn`; HF path (`model` given): `generate`
+        # through `FiniteLogits`; vLLM path (`model=None`): its log-probs read, the server's refusal recognised
+    with finite_sampling(model, end_token_id=eos) as guard:   # the HF part alone: model.generate gets the processor
         model.generate(...)
     guard.bad_rows()                                          # the one host read: rows whose logits were non-finite
     nonfinite_logprob_rows(logprobs)                          # vLLM: rows whose sampled tokens' log-probs are not
-    raise NonFiniteLogitsError(where, rows=rows, batch_size=len(batch))
 
 Invariants:
 - A row is bad at a step when the log-sum-exp of its scores (after every other processor: temperature, top-k/p) is
@@ -21,14 +25,16 @@ Invariants:
 - `finite_sampling` gives `model.generate` the processor (appended to any the call passes, so it sees the final
   scores) for the duration of the block only: an instance attribute, removed on exit, as TRL calls `generate` with no
   way to pass a processor.
-- `NonFiniteLogitsError`'s message is one line: where (the step, the process, the prompts), the rows, what to do.
+- `NonFiniteLogitsError`'s message is one line: where (the step, the process), the rows (unknown when the server
+  refused its whole answer), what to do. `checked_sampling` raises it only after the sampling call returned (or
+  failed), never from inside `generate`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
@@ -36,18 +42,24 @@ from transformers import LogitsProcessor, LogitsProcessorList
 ADVICE = ("the model's forward returned NaN/inf for them: its weights may hold a NaN from an earlier update (lower "
           "learning_rate or max_grad_norm; bf16 or fp32 rather than fp16), and on H100/H200 GPUs keep "
           "cudnn_sdpa_guard on (docs/distributing_training.md#the-hopper-attention-guard)")
+SERVER_REFUSAL = "Out of range float values are not JSON compliant"  # a vLLM server's 400 for a NaN in its answer
 
 
 class NonFiniteLogitsError(RuntimeError):
     """A non-finite logit (HF `generate`) or log-prob (vLLM) at sampling: one line naming `where` and the rows.
 
-    Attributes: `rows` (the bad rows of the sampled batch: indices, or the prompts' ids), `batch_size`, `where`."""
+    Attributes: `rows` (the bad rows of the sampled batch; `None`: unknown), `batch_size`, `where`."""
 
-    def __init__(self, where: str, rows: Sequence, batch_size: int, source: str = "logits"):
-        self.where, self.rows, self.batch_size = where, list(rows), batch_size
-        shown = self.rows if len(self.rows) <= 16 else [*self.rows[:16], f"... {len(self.rows) - 16} more"]
-        super().__init__(f"non-finite {source} (NaN/inf) at sampling, {where}: rows {shown} of the "
-                         f"{batch_size}-row batch; {ADVICE}")
+    def __init__(self, where: str, rows: Sequence[int] | None, batch_size: int, source: str = "logits"):
+        self.where, self.rows, self.batch_size = where, None if rows is None else list(rows), batch_size
+        if self.rows is None:
+            shown = ("rows unknown (the vLLM server refused its whole answer: it cannot write a NaN log-prob in "
+                     f"JSON, {SERVER_REFUSAL!r})")
+        else:
+            listed = self.rows if len(self.rows) <= 16 else [*self.rows[:16], f"... {len(self.rows) - 16} more"]
+            shown = f"rows {listed}"
+        super().__init__(f"non-finite {source} (NaN/inf) at sampling, {where}: {shown} of the {batch_size}-row "
+                         f"batch; {ADVICE}")
 
 
 class FiniteLogits(LogitsProcessor):
@@ -113,3 +125,23 @@ def nonfinite_logprob_rows(logprobs: Sequence[Sequence[float | None]] | None) ->
         return []
     return [row for row, values in enumerate(logprobs)
             if not all(value is not None and math.isfinite(value) for value in values)]
+
+
+def checked_sampling(sample: Callable[[], tuple], model=None, end_token_id: int | None = None, *,
+                     place: Callable[[], str], batch_size: int) -> tuple:
+    """`sample()` (-> `(completion_ids, logprobs)`, e.g. TRL's `_generate_single_turn`), checked: with `model` (the
+    HF path) every `model.generate` in it samples through `FiniteLogits(end_token_id)` and its flags are read once
+    after; without (vLLM), `logprobs` are read and a server's refusal to write a NaN is recognised. Either raises
+    `NonFiniteLogitsError(place(), ...)`; else returns what `sample()` returned."""
+    try:
+        with finite_sampling(model, end_token_id) if model is not None else nullcontext() as guard:
+            completion_ids, logprobs = sample()
+    except Exception as error:  # TRL's client raises a bare `Exception` with the server's answer in its text
+        if model is not None or SERVER_REFUSAL not in str(error):
+            raise
+        raise NonFiniteLogitsError(place(), rows=None, batch_size=batch_size, source="vLLM log-probs") from error
+    rows = guard.bad_rows() if model is not None else nonfinite_logprob_rows(logprobs)
+    if rows:
+        raise NonFiniteLogitsError(place(), rows=rows, batch_size=batch_size,
+                                   source="logits" if model is not None else "vLLM log-probs")
+    return completion_ids, logprobs

@@ -51,7 +51,7 @@ from trl.trainer.utils import get_config_model_id
 from ..data.released import released_format_inputs
 from ..eval import model_card
 from ..eval.evaluation import group_pass_at_k
-from ..generation.finite_logits import NonFiniteLogitsError, finite_sampling, nonfinite_logprob_rows
+from ..generation.finite_logits import checked_sampling
 from ..generation.overlap import OverlappedRollouts
 from ..generation.vllm_generation import generation_backend
 from ..recipe.advantages import leave_group_statistics, zero_truncated
@@ -373,20 +373,18 @@ class OR1Trainer(GRPOTrainer):
         `FiniteLogits` (no device-side assert), on the vLLM path the sampled tokens' log-probs are read; a non-finite
         one stops the run with `NonFiniteLogitsError`, naming the step and the rows, before anything trains on it."""
         hf = not (self.use_vllm or self.use_transformers_continuous_batching)  # TRL's HF `generate` path
-        policy = self.accelerator.unwrap_model(self.model_wrapped)  # the object whose `generate` TRL calls
-        end = next(iter(self.eos_token_ids), None)  # what a bad row samples: it ends there
-        with finite_sampling(policy, end_token_id=end) if hf else nullcontext() as guard:
-            completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *rest, **kwargs)
-        rows = guard.bad_rows() if hf else nonfinite_logprob_rows(logprobs)  # one host read of the flags
-        if rows:
-            step = self.state.global_step
-            where = (f"training step {step + 1} (the step was not trained on)" if self.model.training
-                     else f"evaluation at step {step}")
-            if self.accelerator.num_processes > 1:
-                where += f", process {self.accelerator.process_index}"
-            raise NonFiniteLogitsError(where, rows=rows, batch_size=len(prompt_ids),
-                                       source="logits" if hf else "vLLM log-probs")
-        return completion_ids, logprobs
+        return checked_sampling(
+            lambda: super(OR1Trainer, self)._generate_single_turn(prompt_ids, *rest, **kwargs),
+            model=self.accelerator.unwrap_model(self.model_wrapped) if hf else None,  # whose `generate` TRL calls
+            end_token_id=next(iter(self.eos_token_ids), None), place=self._sampling_place,
+            batch_size=len(prompt_ids))
+
+    def _sampling_place(self) -> str:
+        """Where a rollout is sampled, for `NonFiniteLogitsError`: the step, and the process when there are several."""
+        step = self.state.global_step
+        place = (f"training step {step + 1} (the step was not trained on)" if self.model.training
+                 else f"evaluation at step {step}")
+        return place + (f", process {self.accelerator.process_index}" if self.accelerator.num_processes > 1 else "")
 
     def _prepare_inputs(self, generation_batch):  # the rollout's bookkeeping (generation, rewards: timed as such)
         with self._watch.timed("other", self.model.training):

@@ -12,6 +12,7 @@ from trl.generation.vllm_client import parse_logprobs
 from or1_trl.generation.finite_logits import (
     FiniteLogits,
     NonFiniteLogitsError,
+    checked_sampling,
     finite_sampling,
     nonfinite_logprob_rows,
 )
@@ -149,11 +150,11 @@ def test_the_error_is_one_line_naming_where_and_the_rows():
     assert "rows [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, '... 24 more'] of the 40-row" in many
 
 
-def test_vllm_logprobs_as_trl_parses_the_servers_answer():
-    """A `/v1/completions` answer's choices as vLLM writes them (`logprobs.token_logprobs`, `top_logprobs`; a NaN
-    log-prob reaches the client as JSON `NaN`, which `requests`' JSON decoder reads as a float nan), through TRL's
-    own `parse_logprobs` (a NaN becomes `None`), then the sampled token's column as `_generate_single_turn` keeps
-    it."""
+def test_vllm_logprobs_as_trl_parses_an_answer_holding_a_nan():
+    """`/v1/completions` choices as vLLM writes them (`logprobs.token_logprobs`, `top_logprobs`), one holding a NaN
+    (as `requests` decodes a JSON `NaN`; vLLM 0.32's server refuses to write one, below, but another server may),
+    through TRL's own `parse_logprobs` (a NaN becomes `None`, as in-process vLLM's `extract_logprobs` makes it), then
+    the sampled token's column as TRL's `_generate_single_turn` keeps it."""
     def choice(values):
         tokens = [f"token_id:{7 + i}" for i in range(len(values))]
         return {"tokens": tokens, "token_logprobs": values,
@@ -165,3 +166,34 @@ def test_vllm_logprobs_as_trl_parses_the_servers_answer():
     assert sampled[1] == [-0.25, None]
     assert nonfinite_logprob_rows(sampled) == [1, 3]
     assert nonfinite_logprob_rows(None) == [] and nonfinite_logprob_rows([[], [-1.0]]) == []
+
+
+# What TRL's `VLLMClient._post` raised against a real vLLM 0.32 CPU server whose weights held a NaN
+# (tests/trainer/test_or1_trainer.py::test_nan_logprobs_from_the_vllm_server_stop_the_run_before_training_on_them).
+REFUSED = Exception('Request failed: 400, {"error":{"message":"Out of range float values are not JSON compliant",'
+                    '"type":"BadRequestError","param":null,"code":400}}')
+
+
+def test_checked_sampling_names_the_place_and_rows_or_passes_everything_else_on():
+    def sample(logprobs=None, error=None):
+        def call():
+            if error is not None:
+                raise error
+            return [[5, 6], [7]], logprobs
+        return call
+
+    place = lambda: "training step 4"  # noqa: E731
+    assert checked_sampling(sample([[-1.0, -2.0], [-0.5]]), place=place, batch_size=2) == ([[5, 6], [7]],
+                                                                                           [[-1.0, -2.0], [-0.5]])
+    with pytest.raises(NonFiniteLogitsError) as bad:
+        checked_sampling(sample([[-1.0, None], [-0.5]]), place=place, batch_size=2)
+    assert bad.value.rows == [0] and str(bad.value).startswith(
+        "non-finite vLLM log-probs (NaN/inf) at sampling, training step 4: rows [0] of the 2-row batch; ")
+    with pytest.raises(NonFiniteLogitsError) as refused:
+        checked_sampling(sample(error=REFUSED), place=place, batch_size=2)
+    assert refused.value.rows is None and refused.value.__cause__ is REFUSED
+    assert "rows unknown (the vLLM server refused its whole answer" in str(refused.value)
+    other = Exception("Request failed: 500, Internal Server Error")
+    with pytest.raises(Exception) as passed:
+        checked_sampling(sample(error=other), place=place, batch_size=2)
+    assert passed.value is other

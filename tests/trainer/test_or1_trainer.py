@@ -12,7 +12,7 @@ from trl import GRPOConfig, GRPOTrainer
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.generation.finite_logits import NonFiniteLogitsError
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
-from ..helpers import ScriptedReward, logged, parity_reward, tagged_dataset
+from ..helpers import ScriptedReward, logged, parity_reward, tagged_dataset, tied_trainer
 
 def train(trainer_cls, config_cls, tmp_path, reward=parity_reward, dataset=None, **overrides):
     model, tokenizer = tiny_model_and_tokenizer(seed=0)
@@ -390,3 +390,23 @@ def test_a_nan_logit_at_sampling_stops_the_run_naming_the_step_and_row_before_tr
     for name, param in trainer.model.named_parameters():
         assert torch.equal(param, nan.weights[name]), name  # step 2 did not
     assert "generate" not in vars(trainer.model)
+
+
+def test_nan_logprobs_from_the_vllm_server_stop_the_run_before_training_on_them(vllm_server, tmp_path):
+    """vLLM server path (disk sync): a NaN pushed in one weight makes the server sample with NaN logits. vLLM 0.32
+    cannot write their NaN log-probs in JSON and answers 400; the run ends with `NonFiniteLogitsError` naming step 1
+    (the rows unknown: the answer was refused whole), before any update. (The next run pushes its own weights.)"""
+    trainer = tied_trainer(vllm_server, tmp_path, max_steps=2)
+    with torch.no_grad():
+        trainer.model.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
+    initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    with pytest.raises(NonFiniteLogitsError) as error:
+        trainer.train()
+    assert str(error.value).startswith(
+        "non-finite vLLM log-probs (NaN/inf) at sampling, training step 1 (the step was not trained on): rows unknown "
+        "(the vLLM server refused its whole answer: it cannot write a NaN log-prob in JSON, 'Out of range float "
+        "values are not JSON compliant') of the 8-row batch; ")
+    assert error.value.rows is None
+    assert trainer.state.global_step == 0
+    for name, param in trainer.model.named_parameters():
+        assert torch.allclose(param, initial[name], rtol=0, atol=0, equal_nan=True), name
