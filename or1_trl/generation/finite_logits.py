@@ -7,7 +7,8 @@ vLLM hands them to TRL as `None`, and TRL 1.16 trains on the rollout with those 
 server (0.32) cannot write a NaN in JSON and answers the whole request with HTTP 400 "Out of range float values are
 not JSON compliant", which TRL's client raises as a bare `Exception`.
 
-    checked_sampling(sample, model=policy, end_token_id=eos, place=lambda: "training step 3", batch_size=8)
+    checked_rollout(trainer, sample)           # OR1Trainer._generate_single_turn: TRL's, checked, the step named
+    checked_sampling(sample, model=policy, end_token_id=eos, place=lambda: "training step 3")
         # sample() -> (completion_ids, logprobs), TRL's `_generate_single_turn`; HF path (`model` given): `generate`
         # through `FiniteLogits`; vLLM path (`model=None`): its log-probs read, the server's refusal recognised
     with finite_sampling(model, end_token_id=eos) as guard:   # the HF part alone: model.generate gets the processor
@@ -48,9 +49,10 @@ SERVER_REFUSAL = "Out of range float values are not JSON compliant"  # a vLLM se
 class NonFiniteLogitsError(RuntimeError):
     """A non-finite logit (HF `generate`) or log-prob (vLLM) at sampling: one line naming `where` and the rows.
 
-    Attributes: `rows` (the bad rows of the sampled batch; `None`: unknown), `batch_size`, `where`."""
+    Attributes: `rows` (the bad rows of the sampled batch; `None`: unknown), `batch_size` (`None`: unknown),
+    `where`."""
 
-    def __init__(self, where: str, rows: Sequence[int] | None, batch_size: int, source: str = "logits"):
+    def __init__(self, where: str, rows: Sequence[int] | None, batch_size: int | None, source: str = "logits"):
         self.where, self.rows, self.batch_size = where, None if rows is None else list(rows), batch_size
         if self.rows is None:
             shown = ("rows unknown (the vLLM server refused its whole answer: it cannot write a NaN log-prob in "
@@ -58,8 +60,8 @@ class NonFiniteLogitsError(RuntimeError):
         else:
             listed = self.rows if len(self.rows) <= 16 else [*self.rows[:16], f"... {len(self.rows) - 16} more"]
             shown = f"rows {listed}"
-        super().__init__(f"non-finite {source} (NaN/inf) at sampling, {where}: {shown} of the {batch_size}-row "
-                         f"batch; {ADVICE}")
+        batch = "the batch" if batch_size is None else f"the {batch_size}-row batch"
+        super().__init__(f"non-finite {source} (NaN/inf) at sampling, {where}: {shown} of {batch}; {ADVICE}")
 
 
 class FiniteLogits(LogitsProcessor):
@@ -128,11 +130,12 @@ def nonfinite_logprob_rows(logprobs: Sequence[Sequence[float | None]] | None) ->
 
 
 def checked_sampling(sample: Callable[[], tuple], model=None, end_token_id: int | None = None, *,
-                     place: Callable[[], str], batch_size: int) -> tuple:
+                     place: Callable[[], str], batch_size: int | None = None) -> tuple:
     """`sample()` (-> `(completion_ids, logprobs)`, e.g. TRL's `_generate_single_turn`), checked: with `model` (the
     HF path) every `model.generate` in it samples through `FiniteLogits(end_token_id)` and its flags are read once
     after; without (vLLM), `logprobs` are read and a server's refusal to write a NaN is recognised. Either raises
-    `NonFiniteLogitsError(place(), ...)`; else returns what `sample()` returned."""
+    `NonFiniteLogitsError(place(), ...)` (`batch_size`: default, the completions' count; unknown after a refusal);
+    else returns what `sample()` returned."""
     try:
         with finite_sampling(model, end_token_id) if model is not None else nullcontext() as guard:
             completion_ids, logprobs = sample()
@@ -142,6 +145,22 @@ def checked_sampling(sample: Callable[[], tuple], model=None, end_token_id: int 
         raise NonFiniteLogitsError(place(), rows=None, batch_size=batch_size, source="vLLM log-probs") from error
     rows = guard.bad_rows() if model is not None else nonfinite_logprob_rows(logprobs)
     if rows:
-        raise NonFiniteLogitsError(place(), rows=rows, batch_size=batch_size,
+        raise NonFiniteLogitsError(place(), rows=rows, batch_size=batch_size or len(completion_ids),
                                    source="logits" if model is not None else "vLLM log-probs")
     return completion_ids, logprobs
+
+
+def checked_rollout(trainer, sample: Callable[[], tuple]) -> tuple:
+    """`checked_sampling` for a GRPO trainer's `_generate_single_turn` (`sample`, which returns `(completion_ids,
+    logprobs)`): on TRL's HF `generate` path the policy samples through `FiniteLogits`; the error names the step
+    (`state.global_step + 1` in training, the process when there are several) and the rows of this process's batch."""
+    hf = not (trainer.use_vllm or trainer.use_transformers_continuous_batching)
+    model = trainer.accelerator.unwrap_model(trainer.model_wrapped) if hf else None  # whose `generate` TRL calls
+
+    def place() -> str:
+        step, accelerator = trainer.state.global_step, trainer.accelerator
+        where = (f"training step {step + 1} (the step was not trained on)" if trainer.model.training
+                 else f"evaluation at step {step}")
+        return where + (f", process {accelerator.process_index}" if accelerator.num_processes > 1 else "")
+
+    return checked_sampling(sample, model=model, end_token_id=next(iter(trainer.eos_token_ids), None), place=place)

@@ -28,11 +28,8 @@ One step k = one generation batch, on-policy; each hook wraps TRL's (super(), th
    times the step's phases (`trainer/observability.RunWatch`). With `async_generation`, `_generate` and
    `get_batch_samples` hand the one-step-off rollouts to `generation/overlap.OverlappedRollouts`.
 
-Patches, each scoped and commented where it is made: `vllm_generation.generation_backend` (a TRL module name, during
-`GRPOTrainer.__init__`), and this trainer's own `callback_handler.on_train_end` (`train`: `stage_loop_end`),
-`args.save_total_limit` (`_save_checkpoint`: `checkpoint.save_complete`), `accelerator.gather` (`_compute_loss`) and,
-for a skipped update, its accelerator's `sync_gradients` and optimizer's skip flag (`sharding.UpdateSkip`). Not
-scoped: on Hopper GPUs, PyTorch's cuDNN SDPA backend off for the process (`__init__`, `attention_guard.py`).
+Patches, each scoped and commented where it is made, are listed in docs/architecture.md ("Process-wide patches").
+Not scoped: on Hopper GPUs, PyTorch's cuDNN SDPA backend off for the process (`__init__`, `attention_guard.py`).
 
 With every OR1 feature off (`rejection_sampling="off"`, `use_adaptive_entropy=False`, `entropy_coef=0`,
 `logprob_backend="trl"`, `rollout_correction="trl"`) or with a plain `GRPOConfig` (`OR1Config.from_grpo`: every OR1
@@ -51,7 +48,7 @@ from trl.trainer.utils import get_config_model_id
 from ..data.released import released_format_inputs
 from ..eval import model_card
 from ..eval.evaluation import group_pass_at_k
-from ..generation.finite_logits import checked_sampling
+from ..generation import finite_logits
 from ..generation.overlap import OverlappedRollouts
 from ..generation.vllm_generation import generation_backend
 from ..recipe.advantages import leave_group_statistics, zero_truncated
@@ -368,23 +365,8 @@ class OR1Trainer(GRPOTrainer):
                                                        num_generations=self.num_generations))
         return output
 
-    def _generate_single_turn(self, prompt_ids, *rest, **kwargs):
-        """TRL's sampling, checked (`generation/finite_logits.py`): on the HF path `generate` samples through
-        `FiniteLogits` (no device-side assert), on the vLLM path the sampled tokens' log-probs are read; a non-finite
-        one stops the run with `NonFiniteLogitsError`, naming the step and the rows, before anything trains on it."""
-        hf = not (self.use_vllm or self.use_transformers_continuous_batching)  # TRL's HF `generate` path
-        return checked_sampling(
-            lambda: super(OR1Trainer, self)._generate_single_turn(prompt_ids, *rest, **kwargs),
-            model=self.accelerator.unwrap_model(self.model_wrapped) if hf else None,  # whose `generate` TRL calls
-            end_token_id=next(iter(self.eos_token_ids), None), place=self._sampling_place,
-            batch_size=len(prompt_ids))
-
-    def _sampling_place(self) -> str:
-        """Where a rollout is sampled, for `NonFiniteLogitsError`: the step, and the process when there are several."""
-        step = self.state.global_step
-        place = (f"training step {step + 1} (the step was not trained on)" if self.model.training
-                 else f"evaluation at step {step}")
-        return place + (f", process {self.accelerator.process_index}" if self.accelerator.num_processes > 1 else "")
+    def _generate_single_turn(self, *args, **kw):  # a NaN/inf at sampling: one line (`finite_logits.checked_rollout`)
+        return finite_logits.checked_rollout(self, lambda: super(OR1Trainer, self)._generate_single_turn(*args, **kw))
 
     def _prepare_inputs(self, generation_batch):  # the rollout's bookkeeping (generation, rewards: timed as such)
         with self._watch.timed("other", self.model.training):

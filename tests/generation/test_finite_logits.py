@@ -186,13 +186,15 @@ def test_checked_sampling_names_the_place_and_rows_or_passes_everything_else_on(
     assert checked_sampling(sample([[-1.0, -2.0], [-0.5]]), place=place, batch_size=2) == ([[5, 6], [7]],
                                                                                            [[-1.0, -2.0], [-0.5]])
     with pytest.raises(NonFiniteLogitsError) as bad:
-        checked_sampling(sample([[-1.0, None], [-0.5]]), place=place, batch_size=2)
+        checked_sampling(sample([[-1.0, None], [-0.5]]), place=place)  # the batch: the completions
     assert bad.value.rows == [0] and str(bad.value).startswith(
         "non-finite vLLM log-probs (NaN/inf) at sampling, training step 4: rows [0] of the 2-row batch; ")
     with pytest.raises(NonFiniteLogitsError) as refused:
-        checked_sampling(sample(error=REFUSED), place=place, batch_size=2)
-    assert refused.value.rows is None and refused.value.__cause__ is REFUSED
+        checked_sampling(sample(error=REFUSED), place=place)
+    assert refused.value.rows is None and refused.value.batch_size is None and refused.value.__cause__ is REFUSED
     assert "rows unknown (the vLLM server refused its whole answer" in str(refused.value)
+    assert str(refused.value).startswith("non-finite vLLM log-probs (NaN/inf) at sampling, training step 4: rows "
+                                         "unknown") and "JSON compliant') of the batch; " in str(refused.value)
     other = Exception("Request failed: 500, Internal Server Error")
     with pytest.raises(Exception) as passed:
         checked_sampling(sample(error=other), place=place, batch_size=2)

@@ -405,7 +405,7 @@ def test_nan_logprobs_from_the_vllm_server_stop_the_run_before_training_on_them(
     assert str(error.value).startswith(
         "non-finite vLLM log-probs (NaN/inf) at sampling, training step 1 (the step was not trained on): rows unknown "
         "(the vLLM server refused its whole answer: it cannot write a NaN log-prob in JSON, 'Out of range float "
-        "values are not JSON compliant') of the 8-row batch; ")
+        "values are not JSON compliant') of the batch; ")
     assert error.value.rows is None
     assert trainer.state.global_step == 0
     for name, param in trainer.model.named_parameters():
