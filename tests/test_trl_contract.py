@@ -97,6 +97,12 @@ CONTRACT: list[Use] = [
         "trainer.py overrides: Liger's kernel inside TRL's fused head; keeps the policy pass's (logps, entropies, aux)"),
     Use(GRPO, "_generate", METHOD, "self, prompts", "trainer.py overrides: times the rollout phase"),
     Use(GRPO, "_prepare_inputs", METHOD, "self, generation_batch", "trainer.py overrides: times the 'other' phase"),
+    Use(GRPO, "_generate_single_turn", METHOD,
+        "self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=",
+        "trainer.py overrides: returns (completion_ids, logprobs); HF path: the policy's `generate` samples through "
+        "FiniteLogits (finite_logits.py), vLLM path: the sampled tokens' log-probs read; NaN: NonFiniteLogitsError"),
+    Use("transformers.LogitsProcessor", "__call__", METHOD, "self, input_ids, scores",
+        "finite_logits.FiniteLogits overrides it: generate calls it with [B, L] ids and [B, V] scores, last in the list"),
     Use(GRPO, "training_step", METHOD, "self, model, inputs, num_items_in_batch",
         "trainer.py overrides: times the update, counts a step whose update sharding.UpdateSkip skipped"),
     Use(GRPO, "_tokenize_prompts", METHOD, "self, prompts",

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from .parsing import (BackendArguments, DatasetArguments, check_at_least_one, check_output_dir, command_parser,
-                      input_errors, parse_command)
+                      failure_line, input_errors, parse_command)
 
 
 @dataclass(kw_only=True)
@@ -56,6 +56,7 @@ def difficulty(argv: list[str] | None = None, prog: str | None = "or1-trl diffic
     """Count each prompt's correct samples for a model and keep the prompts it solves sometimes (paper §6.2)."""
     from ..data.released import training_dataset
     from ..data.difficulty import estimate_difficulty
+    from ..generation.finite_logits import NonFiniteLogitsError
 
     parser = difficulty_parser(prog)
     (args,) = parse_command(parser, argv)
@@ -69,10 +70,11 @@ def difficulty(argv: list[str] | None = None, prog: str | None = "or1-trl diffic
         model_key = args.model_name or os.path.basename(str(args.model or backend.served_model()).rstrip("/"))
     except (ValueError, ConnectionError, ImportError) as exc:
         parser.error(str(exc))
-    result = estimate_difficulty(
-        dataset, backend, model_key, args.output_dir, samples={"math": args.n_math, "code": args.n_code},
-        temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed,
-        reward=args.reward, prompt_column=args.prompt_column, answer_column=args.answer_column)
+    with failure_line(parser, NonFiniteLogitsError):  # the model's logits NaN at sampling: one line, exit 1
+        result = estimate_difficulty(
+            dataset, backend, model_key, args.output_dir, samples={"math": args.n_math, "code": args.n_code},
+            temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens, seed=args.seed,
+            reward=args.reward, prompt_column=args.prompt_column, answer_column=args.answer_column)
     print(result.summary())
     rows, path = result.write(args.output_dir, args.output_split, args.keep_all)
     print(f"wrote {rows} rows with extra_info.model_difficulty[{model_key!r}] to {path}", flush=True)

@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass, field
 
 from ..eval.evaluation import BENCHMARKS, DEFAULT_MAX_TOKENS, DEFAULT_PROMPT_TEMPLATE
-from .parsing import (BackendArguments, check_at_least_one, check_output_dir, command_parser, input_errors,
-                      parse_command)
+from .parsing import (BackendArguments, check_at_least_one, check_output_dir, command_parser, failure_line,
+                      input_errors, parse_command)
 
 #: `--preset`: (temperature, top_p). The paper's (§8.1) is the default; open-r1's is offered, not preferred.
 EVAL_PRESETS = {"paper": (1.0, 1.0), "open-r1": (0.6, 0.95)}
@@ -134,6 +134,7 @@ def evaluate_command(argv: list[str] | None = None, prog: str | None = "or1-trl 
     """`or1-trl eval`: sample, score with math_reward, summarize with intervals; prints the table."""
     from ..eval.evaluation import evaluate, load_problems, summary_markdown
     from ..eval.model_card import report_to_model_card
+    from ..generation.finite_logits import NonFiniteLogitsError
 
     parser = eval_parser(prog)
     (args,) = parse_command(parser, argv)
@@ -148,9 +149,10 @@ def evaluate_command(argv: list[str] | None = None, prog: str | None = "or1-trl 
         backend = args.make_backend(device=args.device)
     except (ValueError, ImportError) as exc:  # a backend that cannot run here (checked before anything loads)
         parser.error(str(exc))
-    summary = evaluate(backend, benchmarks, args.settings, args.output_dir, args.model or backend.served_model(),
-                       ks=args.k, template=args.templates, chat=not args.no_chat_template,
-                       resamples=args.resamples, confidence=args.confidence)
+    with failure_line(parser, NonFiniteLogitsError):  # the model's logits NaN at sampling: one line, exit 1
+        summary = evaluate(backend, benchmarks, args.settings, args.output_dir,
+                           args.model or backend.served_model(), ks=args.k, template=args.templates,
+                           chat=not args.no_chat_template, resamples=args.resamples, confidence=args.confidence)
     print(summary_markdown(summary), end="", flush=True)
     print(f"Per-problem samples and the summary are in {args.output_dir}", flush=True)
     card = report_to_model_card(args.model, args.output_dir, summary)

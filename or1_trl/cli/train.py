@@ -123,6 +123,7 @@ def train_parser(prog: str | None = "or1-trl train"):
 
 def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> None:
     """Train with the MAGIC recipe on `--dataset_name`, scored by the `--reward` verifier and/or `--reward_funcs`."""
+    from ..generation.finite_logits import NonFiniteLogitsError
     from ..trainer.checkpoint import DiskFullError
     from ..trainer.nonfinite import NonFiniteStop
     from ..trainer.or1_config import API_KEY_PLACEHOLDER
@@ -136,6 +137,8 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
     # The rewards, the model path, output_dir, the dataset: before the model trains. Ctrl-C: one line, exit 130.
     with stop_on_interrupt(parser), input_errors(parser), console_output(training_args):
         trainer = build_trainer(script_args, training_args, model_args)
-    with (stop_on_interrupt(parser, trainer), failure_line(parser, DiskFullError, NonFiniteStop),
+    with (stop_on_interrupt(parser, trainer),
+          failure_line(parser, DiskFullError, NonFiniteStop, NonFiniteLogitsError),
           console_output(training_args, trainer)):
-        train_and_save(trainer, script_args.dataset_name)  # a full disk, NaN/inf steps in a row: one line, exit 1
+        # a full disk while saving, NaN/inf gradients steps in a row, NaN logits at sampling: one line, exit 1
+        train_and_save(trainer, script_args.dataset_name)

@@ -215,6 +215,8 @@ class HFBackend:
         return sorted(i for i in ids if i is not None)
 
     def generate(self, prompts, settings, seeds):
+        from .finite_logits import NonFiniteLogitsError
+
         token_ids = [prompt_token_ids(self.tokenizer, p, self.chat_template_kwargs) for p in prompts]  # fail early
         per_call = max(1, self.batch_size // settings.n)  # prompts per batch
         for start in range(0, len(prompts), per_call):
@@ -223,13 +225,21 @@ class HFBackend:
             for part, begin in enumerate(range(0, len(rows), self.batch_size)):
                 chunk = rows[begin : begin + self.batch_size]
                 seed = (seeds[start] + part) & 0x7FFFFFFF
-                for i, completion in zip(chunk, self._generate_rows([token_ids[i] for i in chunk], settings, seed)):
+                try:
+                    generated = self._generate_rows([token_ids[i] for i in chunk], settings, seed)
+                except NonFiniteLogitsError as error:  # its rows are this call's: their prompts named too
+                    prompts_hit = sorted({chunk[r] for r in error.rows})  # positions in `prompts`
+                    raise NonFiniteLogitsError(f"HF generate, prompts {prompts_hit} of the {len(prompts)} sampled",
+                                               rows=error.rows, batch_size=error.batch_size) from None
+                for i, completion in zip(chunk, generated):
                     completions.setdefault(i, []).append(completion)
             yield sorted(completions.items())
 
     def _generate_rows(self, rows: list[list[int]], settings: SamplingSettings, seed: int) -> list[Completion]:
         import torch
         from transformers import GenerationConfig
+
+        from .finite_logits import NonFiniteLogitsError, finite_sampling
 
         device = self.model.device
         eos = self.eos_token_ids()
@@ -251,7 +261,12 @@ class HFBackend:
         devices = [device] if device.type == "cuda" else []
         with torch.no_grad(), torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
-            output = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+            # A non-finite logit: that row samples EOS, and one read after `generate` raises (`finite_logits.py`)
+            with finite_sampling(self.model, end_token_id=eos[0]) as guard:
+                output = self.model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                             generation_config=config)
+            if bad := guard.bad_rows():
+                raise NonFiniteLogitsError("HF generate", rows=bad, batch_size=len(rows))
         self.calls += 1
         self.sequences += len(rows)
         out = []

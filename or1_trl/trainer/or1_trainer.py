@@ -18,23 +18,19 @@ One step k = one generation batch, on-policy; each hook wraps TRL's (super(), th
    (T~_k), optionally refilled from the pool; T_k recounted over the kept tokens of all ranks. In evaluation: avg@n
    and pass@k (`eval/evaluation.py`).
 3. `_compute_loss`: **eq. 3.1** (`recipe/loss.magic_loss`): TRL's loss on the kept tokens, normalised over the kept
-   groups, plus α_k·H normalised like it; **eq. 3.2**: the entropy controller (`recipe/entropy.py`) measures e_k
-   and updates c.
+   groups, plus α_k·H normalised alike; **eq. 3.2**: the entropy controller (`recipe/entropy.py`) sets c from e_k.
 4. `_get_per_token_logps_and_entropies`: keeps TRL's policy pass for the entropy term (`logprob_backend="liger"`
    binds Liger's kernel into the fused head of this trainer's models, `trainer/logprobs.py`); with `padding_free`,
    every pass forwards the rows packed without padding (`trainer/packing.py`).
 5. `training_step`: a step with no trainable token on any rank has its update skipped as if it had not happened
    (`trainer/sharding.py`; counted, warned about); so is a step whose gradients hold NaN/inf on any rank (the
    **non-finite sentinel**, `trainer/nonfinite.py`; several in a row stop the run with a checkpoint). With
-   `_generate`, `_calculate_rewards` and `_prepare_inputs` it times the step's phases (`observability.RunWatch`).
+   `_generate`, `_calculate_rewards`, `_prepare_inputs` it times the step's phases (`observability.RunWatch`).
    With `async_generation`, `_generate` and `get_batch_samples` hand the one-step-off rollouts to
-   `generation/overlap.OverlappedRollouts`.
+   `generation/overlap.OverlappedRollouts`. `_generate_single_turn`: NaN/inf logits stop the run (`finite_logits`).
 
-Patches, each scoped and commented where it is made: `vllm_generation.generation_backend` (a TRL module name, during
-`GRPOTrainer.__init__`), and this trainer's own `callback_handler.on_train_end` (`train`: `stage_loop_end`),
-`args.save_total_limit` (`_save_checkpoint`: `checkpoint.save_complete`), `accelerator.gather` (`_compute_loss`) and,
-for a skipped update, its accelerator's `sync_gradients` and optimizer's skip flag (`sharding.UpdateSkip`). Not
-scoped: on Hopper GPUs, PyTorch's cuDNN SDPA backend off for the process (`__init__`, `attention_guard.py`).
+Patches, each scoped and commented where it is made, are listed in docs/architecture.md ("Process-wide patches").
+Not scoped: on Hopper GPUs, PyTorch's cuDNN SDPA backend off for the process (`__init__`, `attention_guard.py`).
 
 With every OR1 feature off (`rejection_sampling="off"`, `use_adaptive_entropy=False`, `entropy_coef=0`,
 `logprob_backend="trl"`, `rollout_correction="trl"`) or with a plain `GRPOConfig` (`OR1Config.from_grpo`: every OR1
@@ -53,6 +49,7 @@ from trl.trainer.utils import get_config_model_id
 from ..data.released import released_format_inputs
 from ..eval import model_card
 from ..eval.evaluation import group_pass_at_k
+from ..generation import finite_logits
 from ..generation.overlap import OverlappedRollouts
 from ..generation.vllm_generation import generation_backend
 from ..recipe.advantages import leave_group_statistics, zero_truncated
@@ -367,6 +364,9 @@ class OR1Trainer(GRPOTrainer):
                                                        tokenize=self._tokenize_prompts,
                                                        num_generations=self.num_generations))
         return output
+
+    def _generate_single_turn(self, *args, **kw):  # a NaN/inf at sampling: one line (`finite_logits.checked_rollout`)
+        return finite_logits.checked_rollout(self, lambda: super(OR1Trainer, self)._generate_single_turn(*args, **kw))
 
     def _prepare_inputs(self, generation_batch):  # the rollout's bookkeeping (generation, rewards: timed as such)
         with self._watch.timed("other", self.model.training):

@@ -290,6 +290,31 @@ def test_full_disk_while_saving_is_one_line(capsys, tmp_path, full_disk, save, w
     assert "Traceback" not in err and sum("no space left" in line for line in lines) == 1
 
 
+def test_nan_logits_at_sampling_are_one_line(capsys, tmp_path):
+    """A model whose weights hold a NaN: `or1-trl train` stops at step 1's rollout with one line (was a traceback
+    from `torch.multinomial`, a device-side assert on CUDA), exit 1, and nothing saved."""
+    import torch
+
+    from or1_trl.testing import save_tiny_model, tiny_model_and_tokenizer
+
+    model, tokenizer = tiny_model_and_tokenizer(seed=0)
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
+    path = save_tiny_model(tmp_path / "model", model=model, tokenizer=tokenizer)
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"prompt": f"{i}+1=?", "answer": str(i + 1)}) + "\n"
+                                                  for i in range(4)))
+    with pytest.raises(SystemExit) as exc:
+        main([*TRAIN, "--model_name_or_path", path, "--dataset_name", str(tmp_path / "train.jsonl"), "--output_dir",
+              str(tmp_path / "run"), "--max_steps", "1"])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert exc.value.code == 1, err[-2000:]
+    assert lines[-1].startswith(
+        "or1-trl train: error: non-finite logits (NaN/inf) at sampling, training step 1 (the step was not trained "
+        "on): rows [0, 1, 2, 3, 4, 5, 6, 7] of the 8-row batch; "), lines[-3:]
+    assert "Traceback" not in err and not (tmp_path / "run" / "model.safetensors").exists()
+
+
 def test_unreachable_vllm_server_says_what_it_waits_for_then_one_line(tmp_path):
     """Was: silence for vllm_server_timeout (240 s by default), then TRL's line naming `vllm serve` and no flag."""
     import socket

@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from or1_trl.demos.tiny import addition_dataset
+from or1_trl.generation.finite_logits import NonFiniteLogitsError
 from or1_trl.rewards import MathReward
 from or1_trl.generation.sampling import (
     HFBackend,
@@ -47,6 +48,29 @@ def test_hf_records_lengths_truncation_and_batching(answer_model_dir):
             assert length == 6 if truncated else length <= 6
             kinds.add(truncated)
     assert kinds == {True, False}  # two-digit sums need 7 tokens: both kinds occur
+
+
+def test_hf_a_nan_logit_names_the_prompt_and_keeps_what_was_sampled_before(tiny, tmp_path):
+    """A NaN in row 5's logits during the second `generate` call (prompts 2 and 3, 4 samples each): one
+    `NonFiniteLogitsError` naming prompt 3 and row 5, no device-side assert; the first call's prompts are stored."""
+    model, tokenizer = tiny
+    backend = HFBackend(model, tokenizer, batch_size=8)
+    planted = []
+
+    def nan_in_row_5_of_the_second_call(module, inputs, output):
+        if backend.calls == 1 and not planted:
+            planted.append(True)
+            output = output.clone()
+            output[5] = float("nan")
+        return output
+
+    model.lm_head.register_forward_hook(nan_in_row_5_of_the_second_call)
+    with SampleStore(tmp_path / "samples.jsonl", SETTINGS) as store, pytest.raises(NonFiniteLogitsError) as error:
+        sample(backend, {f"p{i}": f"{i} + {i} = " for i in range(4)}, SETTINGS, store=store, progress=False)
+    assert str(error.value).startswith("non-finite logits (NaN/inf) at sampling, HF generate, prompts [3] of the 4 "
+                                       "sampled: rows [5] of the 8-row batch; ")
+    assert error.value.rows == [5] and planted and backend.calls == 1
+    assert list(SampleStore(tmp_path / "samples.jsonl", SETTINGS).records) == ["p0", "p1"]
 
 
 def test_hf_splits_a_prompt_over_calls_when_n_exceeds_the_batch(answer_model_dir):

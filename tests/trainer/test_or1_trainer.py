@@ -6,11 +6,13 @@ import os
 import pytest
 import torch
 from datasets import Dataset
+from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from or1_trl import OR1Config, OR1Trainer
+from or1_trl.generation.finite_logits import NonFiniteLogitsError
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
-from ..helpers import ScriptedReward, logged, parity_reward, tagged_dataset
+from ..helpers import ScriptedReward, logged, parity_reward, tagged_dataset, tied_trainer
 
 def train(trainer_cls, config_cls, tmp_path, reward=parity_reward, dataset=None, **overrides):
     model, tokenizer = tiny_model_and_tokenizer(seed=0)
@@ -333,3 +335,66 @@ def test_changed_defaults_are_announced_once_at_start(tmp_path, caplog):
     assert OR1Config(**tiny_training_args(tmp_path, lr_scheduler_type="linear", use_adaptive_entropy=False,
                                           rejection_sampling="off", logprob_backend="trl",
                                           rollout_correction="trl")).changed_defaults() == []
+
+
+class NaNAfterStep(TrainerCallback):
+    """Once step `after` is done: its weights kept (`weights`), and the next LM head forward (the next rollout's
+    first sampling step) returns NaN in row `row`'s logits."""
+
+    def __init__(self, model, after: int, row: int):
+        self.model, self.after, self.row, self.weights, self.armed = model, after, row, None, False
+        model.lm_head.register_forward_hook(self.plant)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.after:
+            self.weights = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+            self.armed = True
+
+    def plant(self, module, inputs, output):
+        if self.armed:
+            self.armed = False
+            output = output.clone()
+            output[self.row] = float("nan")
+        return output
+
+
+def test_a_nan_logit_at_sampling_stops_the_run_naming_the_step_and_row_before_training_on_it(tmp_path):
+    """HF `generate` path: a NaN in row 3's logits at step 2's rollout ends the run with `NonFiniteLogitsError`
+    naming step 2 and row 3 (not `torch.multinomial`'s error); step 1 trained, step 2 changed no weight."""
+    model, tokenizer = tiny_model_and_tokenizer(seed=0)
+    args = OR1Config(**tiny_training_args(tmp_path, learning_rate=1e-2, max_steps=3))
+    trainer = OR1Trainer(model, parity_reward, args=args, train_dataset=tagged_dataset(["MIX"] * 16),
+                         processing_class=tokenizer)
+    initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    nan = NaNAfterStep(trainer.model, after=1, row=3)
+    trainer.add_callback(nan)
+    with pytest.raises(NonFiniteLogitsError) as error:
+        trainer.train()
+    assert error.value.rows == [3] and error.value.batch_size == 8
+    assert str(error.value).startswith("non-finite logits (NaN/inf) at sampling, training step 2 (the step was not "
+                                       "trained on): rows [3] of the 8-row batch; ")
+    assert trainer.state.global_step == 1 and not nan.armed
+    assert any(not torch.equal(nan.weights[n], initial[n]) for n in initial)  # step 1 trained
+    for name, param in trainer.model.named_parameters():
+        assert torch.equal(param, nan.weights[name]), name  # step 2 did not
+    assert "generate" not in vars(trainer.model)
+
+
+def test_nan_logprobs_from_the_vllm_server_stop_the_run_before_training_on_them(vllm_server, tmp_path):
+    """vLLM server path (disk sync): a NaN pushed in one weight makes the server sample with NaN logits. vLLM 0.32
+    cannot write their NaN log-probs in JSON and answers 400; the run ends with `NonFiniteLogitsError` naming step 1
+    (the rows unknown: the answer was refused whole), before any update. (The next run pushes its own weights.)"""
+    trainer = tied_trainer(vllm_server, tmp_path, max_steps=2)
+    with torch.no_grad():
+        trainer.model.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
+    initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    with pytest.raises(NonFiniteLogitsError) as error:
+        trainer.train()
+    assert str(error.value).startswith(
+        "non-finite vLLM log-probs (NaN/inf) at sampling, training step 1 (the step was not trained on): rows unknown "
+        "(the vLLM server refused its whole answer: it cannot write a NaN log-prob in JSON, 'Out of range float "
+        "values are not JSON compliant') of the batch; ")
+    assert error.value.rows is None
+    assert trainer.state.global_step == 0
+    for name, param in trainer.model.named_parameters():
+        assert torch.allclose(param, initial[name], rtol=0, atol=0, equal_nan=True), name
