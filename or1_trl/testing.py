@@ -14,6 +14,7 @@ dataset's layout) live in `tests/helpers.py`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import hashlib
@@ -183,6 +184,27 @@ def rank_independent_sampling(model, num_generations: int, pad_token_id: int) ->
                         **kwargs)
 
     model.generate = sampled
+
+
+# --- a NaN in the logits at a chosen sampling step (tests/generation/test_finite_logits.py, benchmarks) --------------
+@contextlib.contextmanager
+def planted_nan_logits(model, row: int, step: int):
+    """While active, a forward hook on `model.lm_head`: NaN in `row`'s logits at the `step`-th forward since the block
+    began (0: the prompt's forward), as NaN weights or a broken kernel would give."""
+    calls = []
+
+    def hook(module, inputs, output):
+        calls.append(None)
+        if len(calls) - 1 == step:
+            output = output.clone()
+            output[row] = float("nan")
+        return output
+
+    handle = model.lm_head.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 # --- a vLLM server on CPU (tests, benchmarks) -----------------------------------------------------------------

@@ -464,9 +464,11 @@ def test_sdpa_guard_logs_an_arm_whose_grad_q_is_all_nan():
 
 
 def test_gpu_nan_checks_script_runs_its_quick_mode_on_cpu(tmp_path):
-    """`scripts/gpu_nan_checks.sh --quick` (`benchmarks/nonfinite_sentinel.py --quick`) on the CPU: both arms timed
-    on the same steps, every time positive, the ratio their medians', no step counted non-finite (the gradients of a
-    plain update are finite), no synchronisation check without CUDA."""
+    """`scripts/gpu_nan_checks.sh --quick` on the CPU. The sentinel's cost (`benchmarks/nonfinite_sentinel.py
+    --quick`): both arms timed on the same steps, every time positive, the ratio their medians', no step counted
+    non-finite (a plain update's gradients are finite), no synchronisation check without CUDA. The NaN at sampling
+    (`benchmarks/finite_logits_check.py`): plain `generate` fails in `torch.multinomial`; under the check row 1 alone
+    is flagged and ends with EOS, the other rows as sampled without the NaN."""
     result = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_nan_checks.sh"), "--quick"], cwd=tmp_path,
                             env={**ENV, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable},
                             capture_output=True, text=True, timeout=600)
@@ -479,3 +481,8 @@ def test_gpu_nan_checks_script_runs_its_quick_mode_on_cpu(tmp_path):
     assert values["median_off_s"] == statistics.median(values["off_s"])
     assert values["ratio_on_off"] == values["median_on_s"] / values["median_off_s"]
     assert values["steps_counted_nonfinite"] == 0
+    with open(tmp_path / "out" / "finite_logits.json") as f:  # the NaN at sampling, plain and checked
+        check = json.load(f)
+    assert check["plain_exit_status"] != 0 and "probability tensor contains" in check["plain_last_line"]
+    assert check["checked_bad_rows"] == [1] and check["checked_other_rows_as_reference"]
+    assert check["checked_nan_row_from_the_nan"] == [check["eos_token_id"]] + [check["pad_token_id"]] * 3

@@ -2,7 +2,6 @@
 token; `generate` on the tiny model with a NaN planted in one row's logits; vLLM's log-probs as TRL parses them."""
 
 import math
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from or1_trl.generation.finite_logits import (
     finite_sampling,
     nonfinite_logprob_rows,
 )
+from or1_trl.testing import planted_nan_logits
 
 INF = float("inf")
 
@@ -71,26 +71,6 @@ def test_the_per_token_path_reads_nothing_on_the_host():
         processor.bad_rows()
 
 
-@contextmanager
-def planted_nan(model, row: int, step: int):
-    """While active, a forward hook on the LM head: NaN in `row`'s logits at the `step`-th forward since the block
-    began (0: the prompt's forward)."""
-    calls = []
-
-    def hook(module, inputs, output):
-        calls.append(None)
-        if len(calls) - 1 == step:
-            output = output.clone()
-            output[row] = math.nan
-        return output
-
-    handle = model.lm_head.register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
 def sample(model, input_ids, attention_mask, seed=0):
     config = GenerationConfig(max_new_tokens=6, do_sample=True, eos_token_id=model.config.eos_token_id,
                               pad_token_id=model.config.pad_token_id, top_k=0)
@@ -112,9 +92,9 @@ def test_generate_with_a_planted_nan_ends_that_row_and_leaves_the_others_as_samp
     attention_mask = (torch.arange(width) >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
     reference = sample(model, input_ids, attention_mask)  # [4, P + 6]
 
-    with planted_nan(model, row=1, step=2), pytest.raises(RuntimeError, match="probability tensor contains"):
+    with planted_nan_logits(model, row=1, step=2), pytest.raises(RuntimeError, match="probability tensor contains"):
         sample(model, input_ids, attention_mask)
-    with planted_nan(model, row=1, step=2), finite_sampling(model, end_token_id=eos) as guard:
+    with planted_nan_logits(model, row=1, step=2), finite_sampling(model, end_token_id=eos) as guard:
         assert "generate" in vars(model)
         guarded = sample(model, input_ids, attention_mask)
     assert "generate" not in vars(model)  # the class's method again
