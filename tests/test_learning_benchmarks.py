@@ -1,9 +1,12 @@
 """`benchmarks/step_time.py` and `benchmarks/learning.py`: their pieces against hand computations, and their `--quick`
 runs (the tables are consistent with themselves; the numbers of a quick run mean nothing)."""
 
-import importlib.util
+import dataclasses
+import importlib
+import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 
@@ -16,14 +19,16 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline",
 
 
 def load(name):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(ROOT, "benchmarks", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # (dataclasses look their module up)
-    spec.loader.exec_module(module)
-    return module
+    """A module of `benchmarks/` by its own name, as the scripts import their siblings there (`learning.py`: `from
+    learning_arms import ...`)."""
+    if os.path.join(ROOT, "benchmarks") not in sys.path:
+        sys.path.append(os.path.join(ROOT, "benchmarks"))
+    return importlib.import_module(name)
 
 
-learning = load("learning")
+learning = load("learning")  # the command line
+learning_arms, learning_evaluation, learning_report, learning_runner = (
+    load(f"learning_{part}") for part in ("arms", "evaluation", "report", "runner"))
 step_time = load("step_time")
 
 
@@ -36,17 +41,17 @@ def run_quick(script, tmp_path):
 
 
 def test_held_out_split_and_toy_data():
-    train, held_out = learning.split_pairs()
+    train, held_out = learning_arms.split_pairs()
     assert len(train) == 70 and len(held_out) == 30 and not set(train) & set(held_out)
     assert sorted(train + held_out) == [(a, b) for a in range(10) for b in range(10)]
-    assert learning.split_pairs() == (train, held_out)  # fixed, whatever the run's seed
-    held_out_prompts = {learning.PROMPT.format(a=a, b=b) for a, b in held_out}
-    for toy in learning.TOYS.values():
-        sft, rl, evaluation, unseen = learning.toy_data(toy, seed=3)
+    assert learning_arms.split_pairs() == (train, held_out)  # fixed, whatever the run's seed
+    held_out_prompts = {learning_arms.PROMPT.format(a=a, b=b) for a, b in held_out}
+    for toy in learning_arms.TOYS.values():
+        sft, rl, evaluation, unseen = learning_arms.toy_data(toy, seed=3)
         assert held_out_prompts <= set(sft["prompt"])  # SFT sees every problem ...
         assert not held_out_prompts & set(rl["prompt"])  # ... RL never the held-out ones
         assert set(unseen["prompt"]) == held_out_prompts
-        train_prompts = {learning.PROMPT.format(a=a, b=b) for a, b in train}
+        train_prompts = {learning_arms.PROMPT.format(a=a, b=b) for a, b in train}
         assert set(evaluation["prompt"]) == train_prompts <= set(rl["prompt"])  # the target: the RL additions
         for data in (rl, evaluation, unseen):
             assert all(str(eval(p[3:-5])) == a for p, a in zip(data["prompt"], data["answer"]))  # noqa: S307
@@ -58,15 +63,15 @@ def test_held_out_split_and_toy_data():
             assert all("+" in p for p, c in zip(sft["prompt"], sft["completion"]) if ", so " in c)
         else:
             assert not long
-    assert learning.sft_completion("Q: 3+4=? A:", "7", long=True) == " 3+4=7, so \\boxed{7}"
-    assert learning.sft_completion("Q: 42=? A:", "42", long=True) == " \\boxed{42}"
+    assert learning_arms.sft_completion("Q: 3+4=? A:", "7", long=True) == " 3+4=7, so \\boxed{7}"
+    assert learning_arms.sft_completion("Q: 42=? A:", "42", long=True) == " \\boxed{42}"
 
 
 def test_correct_reads_the_last_boxed_number():
-    assert learning.correct(" 3+4=7, so \\boxed{7}", "7")
-    assert learning.correct(" \\boxed{07}", "7")
-    assert not learning.correct(" \\boxed{1} then \\boxed{8}", "1")
-    assert not learning.correct(" 3+4=7, so \\box", "7")  # truncated
+    assert learning_evaluation.correct(" 3+4=7, so \\boxed{7}", "7")
+    assert learning_evaluation.correct(" \\boxed{07}", "7")
+    assert not learning_evaluation.correct(" \\boxed{1} then \\boxed{8}", "1")
+    assert not learning_evaluation.correct(" 3+4=7, so \\box", "7")  # truncated
 
 
 def test_target_is_the_start_plus_the_gain_on_a_moving_mean():
@@ -74,30 +79,30 @@ def test_target_is_the_start_plus_the_gain_on_a_moving_mean():
         return [{"step": 10 * i, "accuracy": a} for i, a in enumerate(accuracies)]
 
     # start 0.30, target 0.40: means of the last 3 (fewer at first) 0.45 at step 10 (a lucky spike of 0.60 alone)
-    assert learning.target_reached(points(0.30, 0.60), 0.10)["step"] == 10
+    assert learning_report.target_reached(points(0.30, 0.60), 0.10)["step"] == 10
     # 0.30 0.42 0.35 0.45 0.44: means 0.36, 0.357, 0.407 -> step 30
-    assert learning.target_reached(points(0.30, 0.42, 0.35, 0.45, 0.44), 0.10)["step"] == 30
+    assert learning_report.target_reached(points(0.30, 0.42, 0.35, 0.45, 0.44), 0.10)["step"] == 30
     # a single high evaluation among low ones does not reach it
-    assert learning.target_reached(points(0.30, 0.31, 0.50, 0.30, 0.31), 0.10) is None
+    assert learning_report.target_reached(points(0.30, 0.31, 0.50, 0.30, 0.31), 0.10) is None
 
 
 def test_bootstrap_ratio_by_hand():
     # Two seeds: resamples {0,0} -> 2/4, {1,1} -> 4/4, mixed -> 3/4 (probabilities 1/4, 1/4, 1/2).
-    ratio, low, high = learning.bootstrap_ratio([1.0, 2.0], [2.0, 2.0])
+    ratio, low, high = learning_report.bootstrap_ratio([1.0, 2.0], [2.0, 2.0])
     assert (ratio, low, high) == (0.75, 0.5, 1.0)
-    assert learning.bootstrap_ratio([3.0] * 5, [2.0] * 5) == (1.5, 1.5, 1.5)
+    assert learning_report.bootstrap_ratio([3.0] * 5, [2.0] * 5) == (1.5, 1.5, 1.5)
 
 
 def test_arm_configs(tmp_path):
-    toy = learning.TOYS["magic"]
-    grpo = learning.arm_config(toy, "grpo_offpolicy", 0, str(tmp_path), 160, 60)
+    toy = learning_arms.TOYS["magic"]
+    grpo = learning_arms.arm_config(toy, "grpo_offpolicy", 0, str(tmp_path), 160, 60)
     assert (grpo.steps_per_generation, grpo.gradient_accumulation_steps, grpo.max_completion_length) == (4, 1, 16)
     assert grpo.learning_rate == 2e-4 and grpo.lr_scheduler_type.value == "constant"
-    or1 = learning.arm_config(toy, "or1_offpolicy", 0, str(tmp_path), 160, 60)
+    or1 = learning_arms.arm_config(toy, "or1_offpolicy", 0, str(tmp_path), 160, 60)
     assert or1.max_steps == 160 and or1.rejection_sampling == "compact" and or1.use_adaptive_entropy
     assert [(s["until_step"], s["max_completion_length"], s["batch_size"], s["mini_batch_size"]) for s in or1.stages] == [
         (60, 8, 64, 16), (160, 16, 64, 16)]
-    plain = learning.arm_config(learning.TOYS["plain"], "or1", 0, str(tmp_path), 200, None)
+    plain = learning_arms.arm_config(learning_arms.TOYS["plain"], "or1", 0, str(tmp_path), 200, None)
     assert plain.stages is None and plain.max_completion_length == 12 and plain.sgd_steps_per_rollout == 1
 
 
@@ -107,12 +112,12 @@ def test_evaluation_measures_entropy_and_leaves_training_rng_alone(tmp_path):
     from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
     model, tokenizer = tiny_model_and_tokenizer(seed=0)
-    _, rl, evaluation, _ = learning.toy_data(learning.TOYS["plain"], seed=0)
-    trainer = learning.counting(GRPOTrainer)(model, lambda completions, **kw: [0.0] * len(completions),
-                                             args=GRPOConfig(**tiny_training_args(tmp_path)), train_dataset=rl,
-                                             processing_class=tokenizer)
-    evaluator = learning.Evaluation([trainer], evaluation.select(range(3)), context=5, every=1, samples=2,
-                                    train_problems=evaluation.select(range(3)), train_samples=2)
+    _, rl, evaluation, _ = learning_arms.toy_data(learning_arms.TOYS["plain"], seed=0)
+    trainer = learning_runner.counting(GRPOTrainer)(model, lambda completions, **kw: [0.0] * len(completions),
+                                                    args=GRPOConfig(**tiny_training_args(tmp_path)), train_dataset=rl,
+                                                    processing_class=tokenizer)
+    evaluator = learning_evaluation.Evaluation([trainer], evaluation.select(range(3)), context=5, every=1,
+                                               samples=2, train_problems=evaluation.select(range(3)), train_samples=2)
     state = torch.get_rng_state()
     accuracy, entropy = evaluator.evaluate(trainer, 7, evaluation.select(range(3)), 2)
     assert torch.equal(torch.get_rng_state(), state)
@@ -149,15 +154,15 @@ def agrees_with_printed(ratio, a, b, half_unit, ratio_half_unit):
 
 def test_learning_quick(tmp_path):
     text = run_quick("learning", tmp_path)
-    learning = load("learning")
     for toy in ("plain", "magic"):
-        run = [arm for arm in learning.TOYS[toy].arms if arm not in learning.SERVER_ARMS]  # those only when named
-        arms = [learning.NAMES[arm] for arm in run]
-        pairs = [(learning.NAMES[ours], learning.NAMES[theirs]) for ours, theirs in learning.PAIRS[toy]
-                 if ours in run and theirs in run]
+        # the server arms run only when named
+        run = [arm for arm in learning_arms.TOYS[toy].arms if arm not in learning_arms.SERVER_ARMS]
+        names = [learning_report.NAMES[arm] for arm in run]
+        pairs = [(learning_report.NAMES[ours], learning_report.NAMES[theirs])
+                 for ours, theirs in learning_arms.PAIRS[toy] if ours in run and theirs in run]
         section = text.split(f"**Toy {toy}**")[1].split("**Toy")[0]
         rows = {cells(line)[0]: cells(line) for line in section.splitlines() if line.startswith("| ") and "/1 |" in line}
-        assert list(rows) == arms
+        assert list(rows) == names
         for row in rows.values():
             assert row[1] in ("0/1", "1/1") and int(row[2]) <= 4 and float(row[3]) > 0 and int(row[4].replace(",", "")) > 0
         ratios = [cells(line) for line in section.splitlines() if line.startswith("| OR1 recipe") and "×" in line]
@@ -192,22 +197,22 @@ def test_step_time_quick(tmp_path):
 
 
 def test_ladder_plan_runs_or1_before_the_one_shot_arms_of_each_seed():
-    plan = learning.ladder_plan(list(learning.LADDER_ARMS), None, 0)
-    counts = {arm: sum(a == arm for a, _ in plan) for arm in learning.LADDER_ARMS}
+    plan = learning_runner.ladder_plan(list(learning_arms.LADDER_ARMS), None, 0)
+    counts = {arm: sum(a == arm for a, _ in plan) for arm in learning_arms.LADDER_ARMS}
     assert counts == {"or1": 3, "grpo": 3, "or1_no_rejection": 2, "or1_no_entropy": 2, "or1_8020": 2, "one_shot": 2,
                       "one_shot_random": 2}
     assert [seed for _, seed in plan] == sorted(seed for _, seed in plan)  # seed-major
     for arm, seed in plan:
-        if arm in learning.ONE_SHOT_ARMS:
+        if arm in learning_arms.ONE_SHOT_ARMS:
             assert plan.index(("or1", seed)) < plan.index((arm, seed))
-    assert learning.ladder_plan(["grpo", "one_shot"], 2, 5) == [("grpo", 5), ("one_shot", 5), ("grpo", 6),
+    assert learning_runner.ladder_plan(["grpo", "one_shot"], 2, 5) == [("grpo", 5), ("one_shot", 5), ("grpo", 6),
                                                                 ("one_shot", 6)]
 
 
 def test_ladder_arms_share_the_shape_and_differ_in_one_part(tmp_path):
-    settings = learning.LADDER
-    configs = {arm: learning.ladder_config(arm, 3, str(tmp_path / arm), settings, "http://127.0.0.1:1")
-               for arm in learning.LADDER_ARMS}
+    settings = learning_arms.LADDER
+    configs = {arm: learning_arms.ladder_config(arm, 3, str(tmp_path / arm), settings, "http://127.0.0.1:1")
+               for arm in learning_arms.LADDER_ARMS}
     grpo, or1 = configs["grpo"], configs["or1"]
     assert type(grpo).__name__ == "GRPOConfig" and type(or1).__name__ == "OR1Config"
     for config in configs.values():
@@ -227,17 +232,17 @@ def test_ladder_arms_share_the_shape_and_differ_in_one_part(tmp_path):
     assert changed == {"or1": set(), "or1_no_rejection": {"rejection_sampling"},
                        "or1_no_entropy": {"use_adaptive_entropy"}, "or1_8020": {"top_entropy_quantile"},
                        "one_shot": {"online_filter_threshold"}, "one_shot_random": {"online_filter_threshold"}}
-    args = learning.disk_backend_args(str(tmp_path))
+    args = learning_arms.disk_backend_args(str(tmp_path))
     assert (args.vllm_weight_sync, args.vllm_sync_dir, args.vllm_sync_dtype) == ("disk", None, "server")
 
 
 def test_ladder_configs_without_a_server_generate_in_the_trainer(tmp_path):
     """`--generation hf` (url None): every arm generates with HF `generate` in its trainer, on the GPU where there is
     one; nothing else of the shape changes."""
-    settings = learning.dataclasses.replace(learning.LADDER, generation="hf")
+    settings = dataclasses.replace(learning_arms.LADDER, generation="hf")
     for arm in ("grpo", "or1", "or1_8020"):
-        served = learning.ladder_config(arm, 3, str(tmp_path / arm), learning.LADDER, "http://127.0.0.1:1")
-        local = learning.ladder_config(arm, 3, str(tmp_path / arm), settings, None)
+        served = learning_arms.ladder_config(arm, 3, str(tmp_path / arm), learning_arms.LADDER, "http://127.0.0.1:1")
+        local = learning_arms.ladder_config(arm, 3, str(tmp_path / arm), settings, None)
         assert not local.use_vllm and local.use_cpu == (not torch.cuda.is_available()) == served.use_cpu
         changed = {k for k, v in local.to_dict().items() if v != served.to_dict()[k]}
         assert "use_vllm" in changed and all(key.startswith("vllm_") for key in changed - {"use_vllm"}), (arm, changed)
@@ -249,30 +254,31 @@ def test_hf_evaluation_is_seeded_by_step_and_scores_every_sample(smollm2_dir):
     prompt's share of right samples, per rung too; no log-probs, so no entropy (NaN)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    settings = learning.LADDER_QUICK
-    _, held_out = learning.ladder_data(settings)
-    problems = learning.ladder_problems(held_out)
+    settings = learning_arms.LADDER_QUICK
+    _, held_out = learning_arms.ladder_data(settings)
+    problems = learning_arms.ladder_problems(held_out)
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir)
-    backends = learning.hf_backends(model, AutoTokenizer.from_pretrained(smollm2_dir), bf16=True)
-    first, again, other = (learning.evaluate_ladder(backends, problems, settings, step) for step in (3, 3, 6))
-    assert first == {**again, "entropy": first["entropy"]} and learning.math.isnan(first["entropy"])
+    backends = learning_evaluation.hf_backends(model, AutoTokenizer.from_pretrained(smollm2_dir), bf16=True)
+    first, again, other = (learning_evaluation.evaluate_ladder(backends, problems, settings, step)
+                           for step in (3, 3, 6))
+    assert first == {**again, "entropy": first["entropy"]} and math.isnan(first["entropy"])
     assert (first["accuracy"], first["mean_length"]) != (other["accuracy"], other["mean_length"])
-    assert first["accuracy"] == pytest.approx(learning.statistics.mean(first["rungs"].values()))  # one prompt a rung
+    assert first["accuracy"] == pytest.approx(statistics.mean(first["rungs"].values()))  # one prompt a rung
     assert all(value * settings.samples == round(value * settings.samples) for value in first["rungs"].values())
     assert list(first["rungs"]) == [p.id.split("-", 1)[0] for p in problems] and 0 < first["mean_length"] <= 48
 
 
 def test_ladder_split_is_fixed_and_disjoint():
-    train, held_out = learning.ladder_data(learning.LADDER)
+    train, held_out = learning_arms.ladder_data(learning_arms.LADDER)
     assert len(train) == 60 and len(held_out) == 216 and train.column_names == ["prompt", "answer", "prompt_id"]
     assert not set(train["prompt_id"]) & set(held_out["prompt_id"])
-    assert learning.ladder_data(learning.LADDER)[0]["prompt_id"] == train["prompt_id"]
+    assert learning_arms.ladder_data(learning_arms.LADDER)[0]["prompt_id"] == train["prompt_id"]
 
 
 def test_one_shot_examples_come_from_the_or1_runs_statistics(tmp_path):
     import json
 
-    train, _ = learning.ladder_data(learning.LADDER)
+    train, _ = learning_arms.ladder_data(learning_arms.LADDER)
     ids = train["prompt_id"]
     # per-epoch accuracies: ids[0] 0.0 / 1.0 (std 0.5), ids[1] 0.5 / 0.5 (0), ids[2] 0.25 / 0.75 (0.25)
     records = []
@@ -281,25 +287,25 @@ def test_one_shot_examples_come_from_the_or1_runs_statistics(tmp_path):
             records.append({"prompt_id": pid, "stage": 0, "epoch": epoch, "step": epoch + 1, "samples": 8,
                             "correct": correct, "truncated": 0, "mean_length": 3.0})
     (tmp_path / "or1-seed4.prompt_stats.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    data, chosen = learning.one_shot_dataset("one_shot", 4, train, str(tmp_path), 16)
+    data, chosen = learning_arms.one_shot_dataset("one_shot", 4, train, str(tmp_path), 16)
     assert chosen["prompt_id"] == ids[0] and chosen["score"] == 0.5 and chosen["ranked"] == 3
     assert [r["prompt_id"] for r in chosen["top5"]] == [ids[0], ids[2], ids[1]]
     assert len(data) == 16 and set(data["source_prompt_id"]) == {ids[0]} and "prompt_id" not in data.column_names
     assert data[0]["prompt"] == train[0]["prompt"] and data[0]["answer"] == train[0]["answer"]
-    random_data, picked = learning.one_shot_dataset("one_shot_random", 4, train, str(tmp_path), 16)
+    random_data, picked = learning_arms.one_shot_dataset("one_shot_random", 4, train, str(tmp_path), 16)
     assert picked["prompt_id"] in ids and set(random_data["source_prompt_id"]) == {picked["prompt_id"]}
-    assert learning.one_shot_dataset("one_shot_random", 4, train, str(tmp_path), 16)[1] == picked  # seeded
+    assert learning_arms.one_shot_dataset("one_shot_random", 4, train, str(tmp_path), 16)[1] == picked  # seeded
     with pytest.raises(FileNotFoundError, match="the or1 run of seed 5 must finish first"):
-        learning.one_shot_dataset("one_shot", 5, train, str(tmp_path), 16)
+        learning_arms.one_shot_dataset("one_shot", 5, train, str(tmp_path), 16)
 
 
 def test_collapse_detector_and_bootstrap_difference_by_hand():
     low = [(step, 0.05) for step in range(1, 13)]
-    assert learning.collapse_detector(low) == 10  # EntropyWatch: 10 consecutive steps below 0.5 x 0.2
-    assert learning.collapse_detector([(1, 0.05)] * 9 + [(10, 0.3)] + [(11, 0.05)] * 5) is None
-    assert learning.collapse_detector([(s, float("nan")) for s in range(20)]) is None
+    assert learning_report.collapse_detector(low) == 10  # EntropyWatch: 10 consecutive steps below 0.5 x 0.2
+    assert learning_report.collapse_detector([(1, 0.05)] * 9 + [(10, 0.3)] + [(11, 0.05)] * 5) is None
+    assert learning_report.collapse_detector([(s, float("nan")) for s in range(20)]) is None
     # Two seeds, differences 1 and 3: resamples {0,0} -> 1, {1,1} -> 3, mixed -> 2.
-    assert learning.bootstrap_difference([2.0, 5.0], [1.0, 2.0]) == (2.0, 1.0, 3.0)
+    assert learning_report.bootstrap_difference([2.0, 5.0], [1.0, 2.0]) == (2.0, 1.0, 3.0)
 
 
 def test_training_entropy_leaves_out_fully_rejected_steps():
@@ -307,20 +313,21 @@ def test_training_entropy_leaves_out_fully_rejected_steps():
     (the trainer's `EntropyWatch` ignores it too); the last fifth, the minimum and the detector skip it."""
     log = [{"step": s, "entropy": 1.0 + s / 10, "rejection/kept_group_frac": 0.5} for s in range(1, 11)]
     log[8] = {"step": 9, "entropy": 0.0, "rejection/kept_group_frac": 0.0}  # skipped: nothing measured
-    got = learning.training_entropy(log)
+    got = learning_report.training_entropy(log)
     assert got["train_entropy"] == 2.0  # last fifth = steps 9-10; step 9 left out -> step 10 alone
     assert got["min_train_entropy"] == 1.1 and got["collapse_detector_step"] is None
     grpo = [{"step": s, "entropy": 0.05} for s in range(1, 13)]  # no rejection key: every step counts
-    assert learning.training_entropy(grpo) == {"train_entropy": 0.05, "min_train_entropy": 0.05,
+    assert learning_report.training_entropy(grpo) == {"train_entropy": 0.05, "min_train_entropy": 0.05,
                                                "collapse_detector_step": 10}
     skipped = [{"step": s, "entropy": 0.0, "rejection/kept_group_frac": 0.0} for s in range(1, 13)]
-    assert learning.training_entropy(skipped)["collapse_detector_step"] is None  # 12 skipped steps are no collapse
+    # 12 skipped steps are no collapse
+    assert learning_report.training_entropy(skipped)["collapse_detector_step"] is None
 
 
 def fake_result(arm, seed, settings, *, wall, steps, final, start=0.2, warned=False, detector=None):
     curve = [{"step": 0, "accuracy": start, "greedy": 0.3, "wall_s": 0.0, "tokens": 0, "rungs": {"add1": 0.3, "add2": 0.1}},
              {"step": steps, "accuracy": final, "greedy": 0.6, "wall_s": wall, "tokens": 100 * steps}]
-    return {"arm": arm, "seed": seed, "settings": learning.dataclasses.asdict(settings), "finished": "2026-11-26 10:00",
+    return {"arm": arm, "seed": seed, "settings": dataclasses.asdict(settings), "finished": "2026-11-26 10:00",
             "reached": final >= settings.target, "steps": steps, "wall_s": wall, "tokens": 100 * steps,
             "start_accuracy": start, "final_accuracy": final, "start_greedy": 0.3, "final_greedy": 0.6,
             "final_rungs": {"add1": final, "add2": final - 0.1}, "eval_entropy": 0.5, "curve": curve, "log": [{"step": 1, "entropy": 1.0}],
@@ -340,7 +347,7 @@ def test_ladder_table_goals_and_resume_from_finished_results(tmp_path):
     and the goals follow from them by hand; `--report-only` writes the block without starting anything."""
     import json
 
-    settings = learning.LADDER
+    settings = learning_arms.LADDER
     runs = [fake_result("grpo", s, settings, wall=100.0, steps=30, final=0.60) for s in range(3)]
     runs += [fake_result("or1", s, settings, wall=w, steps=15, final=0.70) for s, w in enumerate((50.0, 60.0, 70.0))]
     runs += [fake_result("one_shot", s, settings, wall=80.0, steps=36, final=0.45) for s in range(2)]
@@ -348,10 +355,10 @@ def test_ladder_table_goals_and_resume_from_finished_results(tmp_path):
     for r in runs:
         (tmp_path / f"{r['arm']}-seed{r['seed']}.json").write_text(json.dumps(r))
     (tmp_path / "regime.json").write_text(json.dumps(REGIME))
-    results = learning.load_results(str(tmp_path), settings)
+    results = learning_runner.load_results(str(tmp_path), settings)
     assert {arm: sorted(seeds) for arm, seeds in results.items()} == {
         "grpo": [0, 1, 2], "or1": [0, 1, 2], "one_shot": [0, 1], "one_shot_random": [0, 1]}
-    goals = {goal.split(" ")[0]: (met, figures) for goal, met, figures in learning.ladder_goals(results)}
+    goals = {goal.split(" ")[0]: (met, figures) for goal, met, figures in learning_report.ladder_goals(results)}
     # resamples of the 3 seeds: all seed 0 (1/27 > 2.5%) -> 50/100, all seed 2 -> 70/100
     assert goals["`or1`"] == (True, "wall clock 0.60× (0.50–0.70); final accuracy +0.100 (+0.100 to +0.100)")
     # gains: one_shot 0.25, or1 0.50 -> 0.50x, and 0.15 above the random example
@@ -361,7 +368,7 @@ def test_ladder_table_goals_and_resume_from_finished_results(tmp_path):
     assert goals["entropy:"][0] is True
     results["or1"][0]["collapse_detector_step"] = 12  # with the controller on, the warning waits for saturation
     results["or1"][0]["entropy_target"] = None  # ... off (or1_no_entropy-like): it should have fired
-    assert learning.ladder_goals(results)[-1][1] is False
+    assert learning_report.ladder_goals(results)[-1][1] is False
     out = tmp_path / "block.md"
     learning.main(["--ladder", "--report-only", "--results", str(tmp_path), "--markdown", str(out)])
     block = out.read_text()
@@ -376,7 +383,7 @@ def test_ladder_table_goals_and_resume_from_finished_results(tmp_path):
     runs[0]["settings"] = {**runs[0]["settings"], "target": 0.9}
     (tmp_path / "grpo-seed0.json").write_text(json.dumps(runs[0]))
     with pytest.raises(SystemExit, match="measured with other settings"):
-        learning.load_results(str(tmp_path), settings)
+        learning_runner.load_results(str(tmp_path), settings)
 
 
 def test_ladder_quick(tmp_path):
@@ -401,8 +408,8 @@ def test_ladder_quick(tmp_path):
 
     first = launch()
     assert first.returncode == 0, first.stderr[-4000:]
-    settings = learning.LADDER_QUICK
-    runs = {arm: json.loads((results / f"{arm}-seed0.json").read_text()) for arm in learning.LADDER_QUICK_ARMS}
+    settings = learning_arms.LADDER_QUICK
+    runs = {arm: json.loads((results / f"{arm}-seed0.json").read_text()) for arm in learning_arms.LADDER_QUICK_ARMS}
     for arm, r in runs.items():
         assert r["trainer_pushes"] == list(range(settings.steps)), arm
         assert [p["step"] for p in r["curve"]] == list(range(settings.steps + 1)), arm
@@ -414,7 +421,7 @@ def test_ladder_quick(tmp_path):
     assert runs["or1"]["entropy_target"] == 0.2 and runs["grpo"]["entropy_target"] is None
     assert png.stat().st_size > 0
     text = block.read_text()
-    assert all(f"| {learning.LADDER_NAMES[arm]} | 0 | " in text for arm in learning.LADDER_QUICK_ARMS)
+    assert all(f"| {learning_report.LADDER_NAMES[arm]} | 0 | " in text for arm in learning_arms.LADDER_QUICK_ARMS)
     again = launch()
     assert again.returncode == 0, again.stderr[-4000:]
     assert again.stderr.count("finished earlier") == 3 and "starting a vLLM" not in again.stderr

@@ -41,7 +41,6 @@ from dataclasses import dataclass
 
 from .. import __version__
 from ..paths import model_path_problem
-from .run import TRL_REWARD_NAMES, resolve_reward_funcs
 from .demo import DemoArguments, demo, demo_parser
 from .difficulty import DifficultyArguments, difficulty, difficulty_parser
 from .evaluate import EVAL_PRESETS, EvalArguments, eval_parser, evaluate_command
@@ -54,11 +53,11 @@ from .serve import ServeArguments, serve, serve_parser
 from .train import ScriptArguments, train, train_parser
 
 __all__ = [
-    "COMMANDS", "DEBUG_ENV", "EVAL_PRESETS", "TRL_REWARD_NAMES", "Command", "DemoArguments", "DifficultyArguments",
-    "EvalArguments", "ModelArguments", "PlotArguments", "PrepareArguments", "ScriptArguments",
-    "SelectExamplesArguments", "ServeArguments", "ShortUsageErrors", "build_parser", "demo", "difficulty",
-    "evaluate_command", "input_errors", "main", "model", "model_path_problem", "parse_command", "plot", "prepare",
-    "resolve_reward_funcs", "select_examples", "serve", "short_usage", "train", "train_parser",
+    "COMMANDS", "DEBUG_ENV", "EVAL_PRESETS", "Command", "DemoArguments", "DifficultyArguments", "EvalArguments",
+    "ModelArguments", "PlotArguments", "PrepareArguments", "ScriptArguments", "SelectExamplesArguments",
+    "ServeArguments", "ShortUsageErrors", "build_parser", "demo", "difficulty", "evaluate_command", "input_errors",
+    "main", "model", "model_path_problem", "parse_command", "plot", "prepare", "select_examples", "serve",
+    "short_usage", "train", "train_parser",
 ]
 
 

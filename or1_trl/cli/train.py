@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..data.released import REWARD_COLUMNS
-from .run import TRL_REWARD_NAMES
+from ..rewards.by_name import TRL_REWARD_NAMES
 from .console import console_output, stop_on_interrupt
 from .parsing import command_parser, failure_line, hide_flag_value, input_errors, parse_command
 

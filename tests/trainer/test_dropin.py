@@ -311,20 +311,6 @@ def test_unknown_reward_funcs_fail_before_anything_loads(tmp_path, capsys, name,
     assert os.listdir(tmp_path) == []
 
 
-def test_reward_funcs_resolve_trl_names_and_import_paths(tmp_path, monkeypatch):
-    from trl.rewards import think_format_reward
-
-    from or1_trl.cli import resolve_reward_funcs
-
-    (tmp_path / "my_rewards.py").write_text("def length_reward(completions, **kwargs):\n    return [1.0] * len(completions)\n")
-    monkeypatch.chdir(tmp_path)
-    think, overlong, mine = resolve_reward_funcs(["think_format_reward", "get_soft_overlong_punishment",
-                                                  "my_rewards.length_reward"], max_completion_length=64)
-    assert think is think_format_reward and mine.__name__ == "length_reward"
-    assert (overlong.max_completion_len, overlong.soft_punish_cache) == (64, 16)
-    assert overlong(completion_ids=[[0] * 40, [0] * 56, [0] * 65]) == [0.0, -0.5, -1.0]
-
-
 @pytest.mark.parametrize("beside", [False, True])
 def test_train_with_reward_funcs_alone_or_beside_the_verifier(tmp_path, beside):
     """`--reward_funcs` alone: only they score (no verifier, no gold column needed); beside `--reward math`: added."""

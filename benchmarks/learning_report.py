@@ -1,0 +1,333 @@
+"""The learning benchmark's figures (`benchmarks/learning.py` describes them): the target reached, paired bootstrap
+intervals, the entropy statistics of a training log; the toys' and the ladder's Markdown tables, the ladder's goals
+and plot."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+from learning_arms import LADDER_ARMS, PAIRS, TARGET_WINDOW, TOYS, LadderSettings
+
+
+BOOTSTRAP = 10_000
+
+
+def target_reached(points: list[dict], gain: float, window: int = TARGET_WINDOW, target: float | None = None
+                   ) -> dict | None:
+    """The first evaluation at which the mean held-out accuracy of the last `window` evaluations (fewer at the start,
+    the starting one included) is at least the starting accuracy + `gain` (or `target`, if given); None if none is."""
+    target = points[0]["accuracy"] + gain if target is None else target
+    for i, point in enumerate(points[1:], 1):
+        recent = [p["accuracy"] for p in points[max(0, i - window + 1) : i + 1]]
+        if sum(recent) / len(recent) >= target:
+            return point
+    return None
+
+
+def bootstrap_ratio(x: list[float], y: list[float], samples: int = BOOTSTRAP, seed: int = 0):
+    """mean(x) / mean(y) and its paired percentile bootstrap 95% interval (resampling the seeds)."""
+    rng = random.Random(seed)
+    n = len(x)
+    ratios = []
+    for _ in range(samples):
+        idx = [rng.randrange(n) for _ in range(n)]
+        denominator = sum(y[i] for i in idx)
+        ratios.append(sum(x[i] for i in idx) / denominator if denominator else math.inf)
+    ratios.sort()
+    return sum(x) / sum(y), ratios[int(0.025 * samples)], ratios[min(int(0.975 * samples), samples - 1)]
+
+
+NAMES = {"or1": "OR1 recipe", "grpo": "GRPOTrainer", "or1_offpolicy": "OR1 recipe, N_SGD = 4",
+         "grpo_offpolicy": "GRPOTrainer, N_SGD = 4", "or1_mask_after": "OR1 recipe, truncated: Adv-Mask After",
+         "or1_mask_before": "OR1 recipe, truncated: Adv-Mask Before", "or1_server": "OR1 recipe, vLLM server",
+         "or1_async": "OR1 recipe, vLLM server, one-step-off"}
+
+
+def markdown(results: dict, seeds: list[int], quick: bool) -> str:
+    lines = [f"Learning efficiency, `python benchmarks/learning.py{' --quick' if quick else ''}` ({len(seeds)} seed(s) "
+             "per arm; held-out = avg@16 on 30 additions RL never trains on; target = the seed's starting held-out "
+             "accuracy + the toy's gain, on the mean of the last 3 evaluations; means over seeds; ratios of the paired "
+             "arms with paired bootstrap 95% intervals):", ""]
+    for toy_name, arms in results.items():
+        toy = TOYS[toy_name]
+        early = f"steps 1–{2 if quick else toy.stage1[0]}" if toy.stage1 else "all steps"
+        lines += [f"**Toy {toy_name}** (target: held-out accuracy + {toy.target_gain:.2f}):", "",
+                  "| arm | reached target | steps to target | wall clock s | generated tokens | held-out accuracy: "
+                  "start → end | RL problems: start → end | policy entropy at the end (held-out samples) | training "
+                  f"entropy, last fifth | truncation, {early} | zero-std groups |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for arm, runs in arms.items():
+            def mean(key, fmt):
+                return format(statistics.mean(r[key] for r in runs), fmt)
+
+            lines.append(
+                f"| {NAMES[arm]} | {sum(r['reached'] for r in runs)}/{len(runs)} | {mean('steps', '.0f')} | "
+                f"{mean('wall_s', '.1f')} | {mean('tokens', ',.0f')} | {mean('start_accuracy', '.3f')} → "
+                f"{mean('final_accuracy', '.3f')} | {mean('train_start', '.3f')} → {mean('train_end', '.3f')} | "
+                f"{mean('eval_entropy', '.3f')} | {mean('train_entropy', '.3f')} | "
+                f"{mean('truncation_early', '.0%')} | {mean('zero_std', '.0%')} |")
+        lines += ["", "| ratio (paired by seed) | steps | wall clock | generated tokens |", "|---|---:|---:|---:|"]
+        for ours, theirs in PAIRS[toy_name]:
+            if ours not in arms or theirs not in arms:
+                continue
+            cells = []
+            for key in ("steps", "wall_s", "tokens"):
+                ratio, low, high = bootstrap_ratio([r[key] for r in arms[ours]], [r[key] for r in arms[theirs]])
+                cells.append(f"{ratio:.2f}× ({low:.2f}–{high:.2f})")
+            lines.append(f"| {NAMES[ours]} / {NAMES[theirs]} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The real model: SmolLM2-135M-Instruct on the arithmetic ladder (`--ladder`; the module docstring's last part)
+# ---------------------------------------------------------------------------------------------------------------------
+
+LADDER_NAMES = {"or1": "OR1 recipe", "grpo": "GRPOTrainer", "or1_no_rejection": "OR1, no rejection sampling",
+                "or1_no_entropy": "OR1, no adaptive entropy", "or1_8020": "OR1 + 80/20 (ρ = 0.2)",
+                "one_shot": "1-shot (π₁, historical variance)", "one_shot_random": "1-shot, random example"}
+LADDER_COLORS = {"or1": "#C44E52", "grpo": "#4C72B0", "or1_no_rejection": "#DD8452", "or1_no_entropy": "#937860",
+                 "or1_8020": "#8172B3", "one_shot": "#55A868", "one_shot_random": "#8C8C8C"}
+
+
+def measured_entropies(log: list[dict]) -> list[tuple[int, float]]:
+    """`(step, entropy)` of the logged steps that measured one (see `training_entropy`)."""
+    return [(e["step"], e["entropy"]) for e in log if e.get("entropy") is not None and not math.isnan(e["entropy"])
+            and e.get("rejection/kept_group_frac") != 0.0]
+
+
+def training_entropy(log: list[dict]) -> dict:
+    """The entropy figures of a run's logged steps: the mean of the last fifth of the steps (`train_entropy`), the
+    minimum, and the step `collapse_detector` finds. A fully rejected step (`rejection/kept_group_frac` 0: no kept
+    token, no update) measured nothing: such steps are left out, as `EntropyWatch` leaves them out in the trainer
+    (`OR1Trainer` logs their `entropy` as None; results written before it did hold TRL's 0.0, which `GRPOTrainer`
+    still logs)."""
+    measured = measured_entropies(log)
+    last_fifth = [h for step, h in measured if step > log[-1]["step"] - max(1, len(log) // 5)] if log else []
+    return {"train_entropy": statistics.mean(last_fifth) if last_fifth else float("nan"),
+            "min_train_entropy": min((h for _, h in measured), default=float("nan")),
+            "collapse_detector_step": collapse_detector(measured)}
+
+
+def collapse_detector(entropies: list[tuple[int, float]], target: float = 0.2) -> int | None:
+    """The step at which `observability.EntropyWatch`, with its defaults and no controller (as for `GRPOTrainer`),
+    would give its entropy-collapse warning for the logged `(step, entropy)` series; None if it would not."""
+    from or1_trl.trainer.observability import EntropyWatch
+
+    watch = EntropyWatch(target=target, adaptive=False, coef_max=0.0)
+    for step, entropy in entropies:
+        if watch.observe(entropy, 0.0):
+            return step
+    return None
+
+
+def bootstrap_difference(x: list[float], y: list[float], samples: int = BOOTSTRAP, seed: int = 0):
+    """mean(x − y) and its paired percentile bootstrap 95% interval (resampling the seeds)."""
+    rng = random.Random(seed)
+    n = len(x)
+    diffs = sorted(sum(x[i] - y[i] for i in idx) / n for idx in ([rng.randrange(n) for _ in range(n)]
+                                                                  for _ in range(samples)))
+    return sum(a - b for a, b in zip(x, y)) / n, diffs[int(0.025 * samples)], diffs[min(int(0.975 * samples), samples - 1)]
+
+
+def paired(results: dict, ours: str, theirs: str, key) -> tuple[list[float], list[float]]:
+    """The values of `key` (a field or a function of a result) of the two arms over their common seeds."""
+    get = key if callable(key) else (lambda r: r[key])
+    seeds = sorted(set(results.get(ours, {})) & set(results.get(theirs, {})))
+    return [get(results[ours][s]) for s in seeds], [get(results[theirs][s]) for s in seeds]
+
+
+def gain(result: dict) -> float:
+    return result["final_accuracy"] - result["start_accuracy"]
+
+
+def ladder_goals(results: dict) -> list[tuple[str, bool | None, str]]:
+    """The issue's goals, as the module docstring states them: `(goal, met (None: not measured), the figures)`."""
+    goals = []
+
+    def have(*arms):
+        return all(len(results.get(arm, {})) >= 2 for arm in arms) and len(paired(results, arms[0], arms[-1], "seed")[0]) >= 2
+
+    if have("or1", "grpo"):
+        ratio, low, high = bootstrap_ratio(*paired(results, "or1", "grpo", "wall_s"))
+        diff, dlow, dhigh = bootstrap_difference(*paired(results, "or1", "grpo", "final_accuracy"))
+        met = ratio <= 0.8 and high < 1.0 and dhigh >= 0
+        goals.append(("`or1` reaches the target in ≤ 0.8× `grpo`'s wall clock (interval below 1.0), final held-out "
+                      "accuracy not worse", met, f"wall clock {ratio:.2f}× ({low:.2f}–{high:.2f}); final accuracy "
+                      f"{diff:+.3f} ({dlow:+.3f} to {dhigh:+.3f})"))
+    else:
+        goals.append(("`or1` ≤ 0.8× `grpo`'s wall clock to the target", None, "not measured"))
+    for ablation, part in (("or1_no_rejection", "rejection sampling"), ("or1_no_entropy", "adaptive entropy control")):
+        if have(ablation, "or1"):
+            ratio, low, high = bootstrap_ratio(*paired(results, ablation, "or1", "wall_s"))
+            steps, slow, shigh = bootstrap_ratio(*paired(results, ablation, "or1", "steps"))
+            diff, dlow, dhigh = bootstrap_difference(*paired(results, ablation, "or1", "final_accuracy"))
+            helps = low > 1.0 or slow > 1.0 or dhigh < 0
+            goals.append((f"{part} helps (without it the run is slower to the target in wall clock or steps, "
+                          "interval above 1, or ends lower, interval below 0)", helps, f"without it: wall clock {ratio:.2f}× ({low:.2f}–{high:.2f}), steps "
+                          f"{steps:.2f}× ({slow:.2f}–{shigh:.2f}), final accuracy {diff:+.3f} ({dlow:+.3f} to "
+                          f"{dhigh:+.3f})"))
+        else:
+            goals.append((f"{part} helps", None, "not measured"))
+    if have("or1_8020", "or1"):
+        diff, dlow, dhigh = bootstrap_difference(*paired(results, "or1_8020", "or1", "final_accuracy"))
+        steps, slow, shigh = bootstrap_ratio(*paired(results, "or1_8020", "or1", "steps"))
+        goals.append(("`or1_8020` not worse than `or1` (final accuracy interval reaches 0, steps interval reaches 1)",
+                      dhigh >= 0 and slow <= 1.0, f"final accuracy {diff:+.3f} ({dlow:+.3f} to {dhigh:+.3f}), steps "
+                      f"{steps:.2f}× ({slow:.2f}–{shigh:.2f})"))
+    else:
+        goals.append(("`or1_8020` not worse than `or1`", None, "not measured"))
+    if have("one_shot", "or1") and have("one_shot", "one_shot_random"):
+        ratio, low, high = bootstrap_ratio(*paired(results, "one_shot", "or1", gain))
+        diff, dlow, dhigh = bootstrap_difference(*paired(results, "one_shot", "one_shot_random", "final_accuracy"))
+        goals.append(("`one_shot` reaches ≥ 50% of `or1`'s held-out gain and beats `one_shot_random`",
+                      ratio >= 0.5 and diff > 0, f"gain {ratio:.2f}× `or1`'s ({low:.2f}–{high:.2f}); final accuracy "
+                      f"{diff:+.3f} against the random example ({dlow:+.3f} to {dhigh:+.3f})"))
+    else:
+        goals.append(("`one_shot` ≥ 50% of `or1`'s gain, beats `one_shot_random`", None, "not measured"))
+    unnoticed = [f"{arm} seed {seed}" for arm, runs in results.items() for seed, r in runs.items()
+                 if arm != "grpo" and r["collapse_detector_step"] is not None and not r["collapse_warned"]
+                 and r["entropy_target"] is None]
+    collapsed = [f"{arm} seed {seed} (step {r['collapse_detector_step']})" for arm, runs in results.items()
+                 for seed, r in runs.items() if r["collapse_detector_step"] is not None]
+    goals.append(("entropy: no arm's policy collapses unnoticed (the warning fires where it should)",
+                  not unnoticed if results else None,
+                  ("collapse condition met (entropy < 0.1 for 10 steps): " + ", ".join(collapsed) if collapsed else
+                   "no run's training entropy stayed below 0.5 × 0.2 for 10 steps")
+                  + (f"; without a warning: {', '.join(unnoticed)}" if unnoticed else "")))
+    return goals
+
+
+def ladder_markdown(results: dict, settings: LadderSettings, regime: dict, quick: bool) -> str:
+    from or1_trl.demos.real_model import CONTEXT, FIRST_CONTEXT, GROUP, PROMPTS_PER_STEP
+
+    seeds = {arm: sorted(runs) for arm, runs in results.items()}
+    held_out = 6 * settings.held_out_per_rung
+    devices = sorted({r.get("device", "?") for runs in results.values() for r in runs.values()})
+    generation = ("HF `generate` in each trainer and for the evaluations" if settings.generation == "hf" else
+                  "one bf16 vLLM CPU server, the disk sync")
+    flags = (" --quick" if quick else "") + (" --generation hf" if settings.generation == "hf" else "")
+    lines = [f"Learning on a real model, `python benchmarks/learning.py --ladder{flags}` "
+             f"(trainers on {', '.join(devices) or '?'}; generation: {generation}; "
+             f"SmolLM2-135M-Instruct on the arithmetic ladder, {6 * settings.train_per_rung} training prompts; "
+             f"{PROMPTS_PER_STEP} prompts × {GROUP} samples per step, {settings.steps} steps; held-out = avg@"
+             f"{settings.samples} at T = 1.0 on {held_out} prompts RL never trains on, every {settings.eval_every} "
+             f"steps; target = held-out {settings.target:.2f} on the mean of the last {settings.window} evaluations; "
+             "means over seeds; ratios and differences paired by seed with bootstrap 95% intervals):", ""]
+    first, last = regime["contexts"][str(FIRST_CONTEXT)], regime["contexts"][str(CONTEXT)]
+    lines += [f"Before RL ({regime['prompts']} training prompts × {regime['group']} samples, T = 1.0): zero-variance "
+              f"groups {first['zero_variance']:.0%} with the first stage's {FIRST_CONTEXT} tokens (all wrong "
+              f"{first['all_wrong']:.0%}, all right {first['all_right']:.0%}) and {last['zero_variance']:.0%} with "
+              f"{CONTEXT}; completions truncated {first['truncated']:.0%} at {FIRST_CONTEXT} tokens, "
+              f"{last['truncated']:.0%} at {CONTEXT}; training accuracy {first['accuracy']:.3f} / "
+              f"{last['accuracy']:.3f}.", ""]
+    lines += ["| arm | seeds | reached target | steps to target | wall clock s | generated tokens | held-out avg@"
+              f"{settings.samples}: start → end | greedy: start → end | entropy, held-out samples at the end | "
+              "training entropy, last fifth (target) | informative groups | kept groups | truncation, stage 1 | "
+              "entropy-collapse warning |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for arm in LADDER_ARMS:
+        runs = list(results.get(arm, {}).values())
+        if not runs:
+            continue
+
+        def mean(key, fmt, runs=runs):
+            value = statistics.mean(r[key] for r in runs)
+            return "—" if math.isnan(value) else format(value, fmt)  # NaN: not measured (HF: no log-probs)
+
+        target = runs[0]["entropy_target"]
+        warned = [str(r["seed"]) for r in runs if r["collapse_warned"]]
+        detected = [str(r["seed"]) for r in runs if r["collapse_detector_step"] is not None]
+        collapse = ("fired: seed " + ", ".join(warned) if warned else "none") + (
+            f" (condition met: seed {', '.join(detected)})" if detected else "")
+        lines.append(
+            f"| {LADDER_NAMES[arm]} | {', '.join(map(str, seeds[arm]))} | {sum(r['reached'] for r in runs)}/{len(runs)} "
+            f"| {mean('steps', '.1f')} | {mean('wall_s', '.0f')} | {mean('tokens', ',.0f')} | "
+            f"{mean('start_accuracy', '.3f')} → {mean('final_accuracy', '.3f')} | {mean('start_greedy', '.3f')} → "
+            f"{mean('final_greedy', '.3f')} | {mean('eval_entropy', '.3f')} | {mean('train_entropy', '.3f')}"
+            f"{f' ({target:g})' if target is not None else ''} | {mean('informative_groups', '.0%')} | "
+            f"{mean('kept_groups', '.0%')} | {mean('truncation_stage1', '.0%')} | {collapse} |")
+    rungs = list(next(iter(next(iter(results.values())).values()))["final_rungs"]) if results else []
+    if rungs:
+        any_run = next(iter(next(iter(results.values())).values()))
+        lines += ["", f"Held-out avg@{settings.samples} per rung, at the start and at the end (mean over seeds):", "",
+                  "| arm | " + " | ".join(f"`{rung}`" for rung in rungs) + " |", "|---|" + "---:|" * len(rungs),
+                  "| starting model | " + " | ".join(f"{any_run['curve'][0]['rungs'][rung]:.3f}" for rung in rungs)
+                  + " |"]
+        for arm in LADDER_ARMS:
+            runs = list(results.get(arm, {}).values())
+            if runs:
+                lines.append(f"| {LADDER_NAMES[arm]} | " + " | ".join(
+                    f"{statistics.mean(r['final_rungs'][rung] for r in runs):.3f}" for rung in rungs) + " |")
+    comparisons = ["", "| paired comparison | seeds | steps | wall clock | generated tokens | final held-out accuracy, "
+                   "difference | held-out gain, ratio |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for ours, theirs in (("or1", "grpo"), ("or1_no_rejection", "or1"), ("or1_no_entropy", "or1"), ("or1_8020", "or1"),
+                         ("one_shot", "or1"), ("one_shot_random", "or1"), ("one_shot", "one_shot_random")):
+        n = len(paired(results, ours, theirs, "seed")[0])
+        if not n:
+            continue
+        cells = []
+        for key in ("steps", "wall_s", "tokens"):
+            ratio, low, high = bootstrap_ratio(*paired(results, ours, theirs, key))
+            cells.append(f"{ratio:.2f}× ({low:.2f}–{high:.2f})")
+        diff, low, high = bootstrap_difference(*paired(results, ours, theirs, "final_accuracy"))
+        cells.append(f"{diff:+.3f} ({low:+.3f} to {high:+.3f})")
+        ratio, low, high = bootstrap_ratio(*paired(results, ours, theirs, gain))
+        cells.append(f"{ratio:.2f}× ({low:.2f}–{high:.2f})")
+        comparisons.append(f"| {LADDER_NAMES[ours]} / {LADDER_NAMES[theirs]} | {n} | " + " | ".join(cells) + " |")
+    if len(comparisons) > 3:
+        lines += comparisons
+    lines += ["", "Goals (fixed in the docstring before the runs):", ""]
+    for goal, met, figures in ladder_goals(results):
+        lines.append(f"- {goal}: **{'met' if met else 'missed'}** ({figures})" if met is not None else
+                     f"- {goal}: **not measured**")
+    loads = [load for runs in results.values() for r in runs.values() for load in r["loads"]]
+    finished = sorted(r["finished"] for runs in results.values() for r in runs.values())
+    if loads:
+        lines += ["", f"Runs finished {finished[0]} to {finished[-1]}; 1-min load average during the runs (sampled every "
+                  f"step): median {statistics.median(loads):.1f}, range {min(loads):.1f}–{max(loads):.1f}."]
+    return "\n".join(lines) + "\n"
+
+
+def ladder_plot(results: dict, settings: LadderSettings, path: str) -> None:
+    """The arms' held-out curves (avg@k at T = 1.0, greedy) and training entropy against the step, in `or1-trl plot`'s
+    style: each seed thin, the mean over seeds thick; the target and the stage boundary dotted."""
+    from or1_trl.eval.plot import new_figure
+
+    fig, axes = new_figure(3)
+    for arm in LADDER_ARMS:
+        runs = [results[arm][s] for s in sorted(results.get(arm, {}))]
+        if not runs:
+            continue
+        color = LADDER_COLORS[arm]
+        for ax, key in ((axes[0], "accuracy"), (axes[1], "greedy")):
+            for r in runs:
+                ax.plot([p["step"] for p in r["curve"]], [p[key] for p in r["curve"]], color=color, alpha=0.25,
+                        linewidth=0.8)
+            steps = [p["step"] for p in runs[0]["curve"]]
+            if all([p["step"] for p in r["curve"]] == steps for r in runs):
+                ax.plot(steps, [statistics.mean(r["curve"][i][key] for r in runs) for i in range(len(steps))],
+                        color=color, linewidth=2, marker="o", markersize=3,
+                        label=f"{LADDER_NAMES[arm]} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
+        logged = [dict(measured_entropies(r["log"])) for r in runs]  # a fully rejected step measured nothing
+        if steps_logged := sorted(set().union(*logged)):  # the mean over the seeds that measured the step
+            axes[2].plot(steps_logged, [statistics.mean(v[s] for v in logged if s in v) for s in steps_logged],
+                         color=color, linewidth=1.5, label=LADDER_NAMES[arm])
+    axes[0].axhline(settings.target, color="black", linestyle="--", linewidth=1, label=f"target {settings.target:.2f}")
+    axes[2].axhline(0.2, color="black", linestyle="--", linewidth=1, label="entropy target 0.2 (OR1 arms)")
+    for ax in axes:
+        ax.axvline(settings.steps // 3 + 0.5, color="black", linestyle=":", linewidth=1)
+    axes[0].annotate("OR1 arms: stage 2, 48 tokens →", (settings.steps // 3 + 0.5, 1), xycoords=("data", "axes fraction"),
+                     xytext=(2, 2), textcoords="offset points", fontsize=8, ha="left", va="bottom")
+    axes[0].set_ylabel(f"held-out avg@{settings.samples}, T = 1.0")
+    axes[1].set_ylabel("held-out, greedy")
+    axes[2].set_ylabel("training entropy (nats)")
+    axes[0].set_title(f"SmolLM2-135M-Instruct, arithmetic ladder: {6 * settings.held_out_per_rung} held-out prompts "
+                      "(seeds thin, their mean thick)", pad=14)
+    for ax in axes[:2]:
+        ax.set_ylim(-0.02, 1.02)
+    axes[2].set_ylim(bottom=0)
+    axes[0].legend(loc="lower right", fontsize=7)
+    axes[2].legend(loc="upper right", fontsize=7)
+    fig.savefig(path, dpi=120)
