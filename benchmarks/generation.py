@@ -7,7 +7,7 @@
 Throughput (`--models`): on the tiny model, the offline demo's rollout shape (16 prompts x 8 samples, the demo's
 addition prompts) at its completion length (8 tokens) and 8x longer (64, `--lengths`); on SmolLM2-135M-Instruct
 (`smollm2`: `or1-trl model smollm2`'s folder, or `--model-dir`), the real-model demo's (4 prompts of the arithmetic
-ladder x 8 samples, 48 tokens; the server in bf16 with the demo's flags, `real_demo.SERVER_ARGS`). The backends
+ladder x 8 samples, 48 tokens; the server in bf16 with the demo's flags, `real_model.SERVER_ARGS`). The backends
 generate exactly that many tokens (EOS is ignored), from the same prompts, interleaved, `--reps` times (median
 reported). HF `generate` runs in this process on the fp32 model (one batch of all rows, as `GRPOTrainer` does without
 vLLM); on the real model also under bf16 autocast, as the demo's trainer runs it (`bf16=True`: accelerate wraps the

@@ -80,7 +80,7 @@ MAGIC's regime, with the paper's ablations, the 80/20 rule and 1-shot RLVR.
   held-out prompts RL never trains on. The pool is small on purpose: a run draws 4 × 36 prompts, so it passes over
   the pool about twice and the recipe's prompt statistics have something to see (the online filter at the stage
   start, the historical variance that ranks the 1-shot example).
-- Generation: every arm on one bf16 vLLM CPU server per launch (`real_demo.SERVER_ARGS`), the trainer's weights pushed
+- Generation: every arm on one bf16 vLLM CPU server per launch (`real_model.SERVER_ARGS`), the trainer's weights pushed
   to it through /dev/shm before each rollout (the disk sync). TRL's `GRPOTrainer` can push to a server only over NCCL
   (CUDA), so the benchmark builds it inside `vllm_generation.generation_backend` with an object carrying the disk
   sync's settings (`disk_backend_args`): benchmark plumbing only, the same backend `OR1Trainer` builds; nothing else of
@@ -95,7 +95,7 @@ MAGIC's regime, with the paper's ablations, the 80/20 rule and 1-shot RLVR.
   demo's; both arms: TRL's default linear decay is not the recipe's, and the toys gave both the same schedule), bf16
   autocast (TRL's default; the demo's), temperature 1.0, no KL, "dapo", ε 0.2, gradient checkpointing off, a budget of
   36 optimizer steps.
-- Arms: `or1` = `real_demo.demo_config`: `OR1Config`'s MAGIC defaults (rejection sampling "compact", adaptive entropy
+- Arms: `or1` = `real_model.demo_config`: `OR1Config`'s MAGIC defaults (rejection sampling "compact", adaptive entropy
   control with the paper preset: target 0.2, Δ 0.005, online filter 1.0 at the stage start, prompt ids from the
   ladder's `prompt_id`) and the stages of the demo: 24 new tokens for the first third of the budget, then 48.
   `grpo` = `GRPOConfig`'s defaults with the `or1` arm's learning rate and schedule, batch, group size, precision and

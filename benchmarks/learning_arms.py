@@ -122,7 +122,7 @@ LADDER_OTHER_SEEDS = 2
 
 
 LADDER_SPLIT_SEED, LADDER_EVAL_SEED, LADDER_REGIME_SEED, ONE_SHOT_RANDOM_SEED = 1234, 20_000, 5, 777
-#: What each OR1 arm changes in the recipe (`real_demo.demo_config`: MAGIC defaults, stages, the demo's shape).
+#: What each OR1 arm changes in the recipe (`real_model.demo_config`: MAGIC defaults, stages, the demo's shape).
 OR1_ARMS = {
     "or1": {},
     "or1_no_rejection": {"rejection_sampling": "off"},
@@ -166,7 +166,7 @@ def ladder_data(settings: LadderSettings):
 
 
 def ladder_config(arm: str, seed: int, output_dir: str, settings: LadderSettings, url: str | None):
-    """The arm's config: the OR1 arms `real_demo.demo_config` (MAGIC defaults, the demo's shape and stages) with the
+    """The arm's config: the OR1 arms `real_model.demo_config` (MAGIC defaults, the demo's shape and stages) with the
     arm's change; `grpo` a `GRPOConfig` with its defaults but the OR1 arm's learning rate and (constant) schedule,
     batch, group size, precision and final context, generating on the same server (`url`; None: HF `generate` in the
     trainer, on the GPU where there is one)."""

@@ -25,7 +25,7 @@ Two sources of the mismatch log r_t = log π_trainer − log π_vllm:
    ignored) through TRL's `VLLMClient`, as the trainer does; the **fp32** trainer model scores the same tokens. The
    per-token log-probs of both give the ratios (the server's are `--logprobs-mode processed_logprobs`).
 3. **A real model** (`length_quartiles`): SmolLM2-135M-Instruct (`or1-trl model smollm2`, or `--model-dir`) served in
-   bf16 with the real-model demo's flags (`real_demo.SERVER_ARGS`) samples `--smollm2-sequences` completions of the
+   bf16 with the real-model demo's flags (`real_model.SERVER_ARGS`) samples `--smollm2-sequences` completions of the
    arithmetic ladder's training prompts (16 prompts, T = 1, EOS ends them, at most `--smollm2-max-tokens`); the
    trainer's model scores the same tokens in fp32 and under bf16 autocast (the real-model demo's update), 8 rows of
    similar length at a time. By quarter of the completions sorted by length (as `summarise` splits them): the per-token gap
