@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -97,8 +98,7 @@ def main(argv=None) -> dict:
           f"others as sampled without the NaN: {result['checked_other_rows_as_reference']}, row {NAN_ROW} from the "
           f"NaN on: {result['checked_nan_row_from_the_nan']} (EOS {tokenizer.eos_token_id})")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
     return result
 
 

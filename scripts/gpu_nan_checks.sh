@@ -14,12 +14,10 @@
 # finite_logits.json (the child's exit status and last line, the rows flagged, the comparison) and
 # output.txt (what it printed). Exit status: 0 when every part ran, else the first failing part's.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_nan_checks_out}
-PYTHON=${PYTHON:-python}
+cd "$(dirname "$0")/.." && export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+OUT=${OUT:-$PWD/gpu_nan_checks_out} PYTHON=${PYTHON:-python} status=0
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-status=0
 run() {  # run NAME ARGS...: one part, its output into output.txt, its exit status kept if it is the first failure
     local name=$1
     shift

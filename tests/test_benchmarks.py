@@ -396,15 +396,20 @@ def test_quick_real_demo_benchmark_reports_what_it_measured(tmp_path):
     assert costs["demo"]["prompt_tokens"] > 0 and costs["demo"]["tokens"] > 0
 
 
+def gpu_script_quick(script: str, tmp_path) -> None:
+    """`scripts/<script> --quick` run on the CPU from `tmp_path`, its results in `tmp_path / "out"`; it must succeed."""
+    result = subprocess.run(["bash", os.path.join(ROOT, "scripts", script), "--quick"], cwd=tmp_path,
+                            env={**ENV, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:]
+
+
 def test_gpu_sdpa_guard_script_runs_its_quick_mode_on_cpu(tmp_path):
     """`scripts/gpu_sdpa_guard.sh --quick` (`benchmarks/sdpa_guard.py`) on the CPU: every backward case ran the MATH
     backend and the default dispatch with cuDNN SDPA on and off (identical here: no cuDNN), finite, within bf16's
     rounding of MATH in fp32 on the random inputs; rows that attend to nothing come out 0; the model step timed both
     arms; the guard decides nothing without CUDA."""
-    result = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_sdpa_guard.sh"), "--quick"], cwd=tmp_path,
-                            env={**ENV, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable},
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-4000:]
+    gpu_script_quick("gpu_sdpa_guard.sh", tmp_path)
     with open(tmp_path / "out" / "sdpa_guard.json") as f:
         values = json.load(f)
     assert "summary:" in (tmp_path / "out" / "sdpa_guard.log").read_text()
@@ -469,10 +474,7 @@ def test_gpu_nan_checks_script_runs_its_quick_mode_on_cpu(tmp_path):
     non-finite (a plain update's gradients are finite), no synchronisation check without CUDA. The NaN at sampling
     (`benchmarks/finite_logits_check.py`): plain `generate` fails in `torch.multinomial`; under the check row 1 alone
     is flagged and ends with EOS, the other rows as sampled without the NaN."""
-    result = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_nan_checks.sh"), "--quick"], cwd=tmp_path,
-                            env={**ENV, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable},
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-4000:]
+    gpu_script_quick("gpu_nan_checks.sh", tmp_path)
     with open(tmp_path / "out" / "sentinel_cpu.json") as f:
         values = json.load(f)
     assert values["model"] == "tiny" and values["device"] == "cpu" and values["sync_free_backward"] is None
