@@ -30,8 +30,8 @@ What is measured, per finished optimizer step, one JSON line appended to `--out`
   `max_top1` and `mean_top1` (the largest probability of each row), `min_entropy` and `mean_entropy` (nats),
   `confident` (the fraction of rows whose top-1 is >= 0.99): how confident the policy has become;
 - `nonfinite_weights`: NaN/inf values in the trainable weights after the step (all of them read once);
-- from the trainer's log: `reward`, `completions/mean_length` and `max_length`, `entropy`, `grad_norm`, `loss`; and `step_s`, the
-  step's wall clock (its checkpoint excluded).
+- from the trainer's log: `reward`, `completions/mean_length` and `max_length`, `entropy`, `grad_norm`, `loss`; and
+  `step_s`, the step's wall clock (its checkpoint excluded).
 
 Resume: relaunched with the same `--out`, it resumes from the last complete checkpoint in `--workdir` and keeps the
 lines of the steps up to it (a line written after that checkpoint is dropped and its step run again), so a crash
@@ -229,6 +229,7 @@ def build(arm: str, seed: int, steps: int, quick: bool, fp32: bool, folder: str,
                                    enabled=getattr(config, "cudnn_sdpa_guard", True))
     environment = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else f"{os.cpu_count()} CPUs",
                    "capability": attention_guard.cuda_capability(), "torch": torch.__version__,
+                   "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
                    "attn_implementation": attention, "trainer": cls.__name__, "bf16": bool(config.bf16),
                    "sentinel": getattr(config, "nonfinite_stop_after", None),
                    "guard": {"disable_cudnn_sdpa": guard.disable_cudnn_sdpa, "reason": guard.reason},
@@ -240,8 +241,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arm", choices=ARMS, default="or1")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=None, help=f"optimizer steps (default the ladder's {LADDER.steps}; "
-                        f"--quick {LADDER_QUICK.steps})")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"optimizer steps (default the ladder's {LADDER.steps}; --quick {LADDER_QUICK.steps})")
     parser.add_argument("--out", help="the trace, one JSON line per step (default "
                         "benchmarks/results/nan_trace-cpu/<arm>-seed<seed>.jsonl)")
     parser.add_argument("--workdir", help="the run's output_dir, its checkpoints (default under $TMPDIR)")
@@ -292,9 +293,10 @@ def main(argv=None) -> int:
             print(f"stopped by the sentinel: {stop}", file=sys.stderr, flush=True)
             return STOPPED
     rows = read_trace(out)
-    print(f"nan_trace {args.arm} seed {args.seed}: {len(rows)} steps traced, the last {rows[-1]['step'] if rows else 0};"
-          f" non-finite: sampling scores {sum(r['sampling']['nonfinite_scores'] for r in rows)}, weights "
-          f"{sum(r['nonfinite_weights'] for r in rows)}, sentinel steps {rows[-1].get('nonfinite_steps') if rows else 0}",
+    last = rows[-1] if rows else {"step": 0, "nonfinite_steps": 0}
+    print(f"nan_trace {args.arm} seed {args.seed}: {len(rows)} steps traced, the last {last['step']}; non-finite: "
+          f"sampling scores {sum(r['sampling']['nonfinite_scores'] for r in rows)}, weights "
+          f"{sum(r['nonfinite_weights'] for r in rows)}, sentinel steps {last['nonfinite_steps']}",
           file=sys.stderr, flush=True)
     return 0
 

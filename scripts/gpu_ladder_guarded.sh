@@ -36,7 +36,7 @@
 # (then that folder, bf16): the same plumbing in well under a minute on a CPU (tests/test_benchmarks.py runs it so).
 # Writes to $OUT (default ./gpu_ladder_guarded_out): traces/<arm>-seed<seed>.jsonl (nan_trace's lines, one per step,
 # and its .env.json: device, the guard's decision, whether cuDNN SDPA was on after the trainer was built),
-# logs/<arm>-seed<seed>.log, environment.json, summary.json and summary.txt: per run, how it ended (finished, died:
+# logs/<arm>-seed<seed>.log, packages.json, summary.json and summary.txt: per run, how it ended (finished, died:
 # an exit status other than 0 or 3, with the CUDA assert when the log holds one; stopped by the sentinel: 3; cut at
 # RUN_TIMEOUT: 124), the step reached, the sentinel's counts, the non-finite values seen at sampling, whether the guard
 # turned cuDNN SDPA off. Exit status: 0 when no run died and every run reached its last step, 1 otherwise.
@@ -62,22 +62,11 @@ if [ -n "${WHEELS:-}" ]; then  # only what is missing, from the folder
     "$PYTHON" -m pip install -q --no-index --find-links "$WHEELS" trl==1.16.0 datasets==5.2.0 gguf requests 2>&1 \
         | tail -5
 fi
-"$PYTHON" - "$OUT/environment.json" <<'PY' || exit 3
-import importlib.metadata as md, json, platform, sys
-import torch
-info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
-        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
-for name in ("transformers", "accelerate", "trl", "datasets", "gguf"):
-    try:
-        info[name] = md.version(name)
-    except md.PackageNotFoundError:
-        info[name] = None
-json.dump(info, open(sys.argv[1], "w"), indent=1)
-print(json.dumps(info))
-if missing := [name for name in ("trl", "datasets") if info[name] is None]:
-    sys.exit(f"cannot run the ladder: missing {', '.join(missing)} (pass WHEELS, the folder of scripts/gpu_wheels.sh)")
-PY
+"$PYTHON" -m pip list --format=json > "$OUT/packages.json" 2>/dev/null  # the versions it ran with
+if ! "$PYTHON" -c "import trl, datasets" 2>/dev/null; then
+    echo "cannot run the ladder: TRL or datasets missing (pass WHEELS, the folder of scripts/gpu_wheels.sh)" >&2
+    exit 3
+fi
 
 MODEL_ARGS=()
 if [ -n "${MODEL:-}" ] || [ "$QUICK" = 0 ]; then
@@ -154,7 +143,8 @@ for run in runs:
     ended = {0: "finished", 3: "stopped by the sentinel", 124: "cut at RUN_TIMEOUT"}.get(status, "died")
     last = rows[-1] if rows else {}
     summary.append({
-        "arm": arm, "seed": int(seed), "exit_status": status, "ended": ended, "assert": match.group(0) if match else None,
+        "arm": arm, "seed": int(seed), "exit_status": status, "ended": ended,
+        "assert": match.group(0) if match else None,
         "step_reached": last.get("step", 0), "steps": steps,
         "nonfinite_steps": last.get("nonfinite_steps"), "nonfinite_grad_values": last.get("nonfinite_grad_values"),
         "nonfinite_loss_values": last.get("nonfinite_loss_values"),
@@ -162,8 +152,10 @@ for run in runs:
         "sampling_invalid_probs": sum(r["sampling"]["invalid_probs"] for r in rows),
         "nonfinite_weights": sum(r["nonfinite_weights"] for r in rows),
         "max_top1": max((r["sampling"]["max_top1"] or 0 for r in rows), default=None),
-        "guard_acted": env.get("guard", {}).get("disable_cudnn_sdpa"), "guard_reason": env.get("guard", {}).get("reason"),
-        "cudnn_sdpa_enabled": env.get("cudnn_sdpa_enabled"), "device": env.get("device"),
+        "guard_acted": env.get("guard", {}).get("disable_cudnn_sdpa"),
+        "guard_reason": env.get("guard", {}).get("reason"),
+        "cudnn_sdpa_enabled": env.get("cudnn_sdpa_enabled"), "device": env.get("device"), "torch": env.get("torch"),
+        "cudnn": env.get("cudnn"),
         "last_log_line": text.strip().splitlines()[-1][:300] if text.strip() else None})
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1)
 lines = [f"{'run':<22} {'ended':<24} {'step':>9} {'sentinel steps/grad/loss':>24} {'sampling NaN/inf':>16} "
