@@ -400,8 +400,8 @@ def gpu_script_quick(script: str, tmp_path) -> None:
     """`scripts/<script> --quick` run on the CPU from `tmp_path`, its results in `tmp_path / "out"`; it must succeed."""
     result = subprocess.run(["bash", os.path.join(ROOT, "scripts", script), "--quick"], cwd=tmp_path,
                             env={**ENV, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable},
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-4000:]
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
 
 def test_gpu_sdpa_guard_script_runs_its_quick_mode_on_cpu(tmp_path):
@@ -488,3 +488,77 @@ def test_gpu_nan_checks_script_runs_its_quick_mode_on_cpu(tmp_path):
     assert check["plain_exit_status"] != 0 and "probability tensor contains" in check["plain_last_line"]
     assert check["checked_bad_rows"] == [1] and check["checked_other_rows_as_reference"]
     assert check["checked_nan_row_from_the_nan"] == [check["eos_token_id"]] + [check["pad_token_id"]] * 3
+
+
+def test_nan_trace_probe_reads_the_distribution_multinomial_samples_from():
+    """`benchmarks/nan_trace.py`'s `SamplingProbe` on hand-made scores: softmax by hand, the NaN row counted and left
+    out of the means, the scores returned unchanged."""
+    import math
+
+    import torch
+
+    nan_trace = load_script("nan_trace", os.path.join(ROOT, "benchmarks", "nan_trace.py"))
+    probe = nan_trace.SamplingProbe()
+    scores = torch.tensor([[0.0, 0.0], [math.log(3), 0.0], [float("nan"), 0.0], [5.0, 0.0]])
+    assert probe(None, scores) is scores
+    figures = probe.figures()
+    top1 = [0.5, 0.75, 1 / (1 + math.exp(-5))]  # the last one >= 0.99: confident
+    entropies = [math.log(2), -(0.75 * math.log(0.75) + 0.25 * math.log(0.25)),
+                 -(top1[2] * math.log(top1[2]) + (1 - top1[2]) * math.log(1 - top1[2]))]
+    assert figures["positions"] == 4 and figures["nonfinite_scores"] == 1 and figures["invalid_probs"] == 2
+    assert figures["max_top1"] == pytest.approx(top1[2]) and figures["mean_top1"] == pytest.approx(sum(top1) / 3)
+    assert figures["min_entropy"] == pytest.approx(entropies[2], rel=1e-5)
+    assert figures["mean_entropy"] == pytest.approx(sum(entropies) / 3, rel=1e-5)
+    assert figures["confident"] == pytest.approx(1 / 3)
+    probe.reset()
+    assert probe.figures()["positions"] == 0 and probe.figures()["max_top1"] is None
+
+
+def test_nan_trace_quick_traces_every_step_and_resumes_without_a_duplicate(tmp_path):
+    """`benchmarks/nan_trace.py --quick` (the tiny model, fp32, 2 steps): one line per step with the sentinel's counts
+    and the sampling figures, all finite; the probe saw every row `generate` sampled (32 rows x the longest
+    completion). A crash after step 2's line and before its checkpoint (checkpoint-2 removed): the relaunch resumes
+    from checkpoint-1, keeps step 1's line as it was and writes step 2's once."""
+    import shutil
+
+    out, workdir = tmp_path / "trace.jsonl", tmp_path / "work"
+    command = [sys.executable, os.path.join(ROOT, "benchmarks", "nan_trace.py"), "--quick", "--out", str(out),
+               "--workdir", str(workdir)]
+
+    def launch() -> list[dict]:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=ENV, cwd=ROOT)
+        assert result.returncode == 0, result.stderr[-4000:]
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    rows = launch()
+    assert [row["step"] for row in rows] == [1, 2]
+    for row in rows:
+        assert row["nonfinite_steps"] == row["nonfinite_grad_values"] == row["nonfinite_loss_values"] == 0
+        assert row["nonfinite_weights"] == 0 and 0 <= row["reward"] <= 1
+        sampling = row["sampling"]
+        assert sampling["nonfinite_scores"] == sampling["invalid_probs"] == 0
+        assert sampling["positions"] == 32 * row["completions/max_length"]
+        assert 0 < sampling["mean_top1"] <= sampling["max_top1"] < 1
+        assert 0 < sampling["min_entropy"] <= sampling["mean_entropy"]
+    environment = json.loads((tmp_path / "trace.jsonl.env.json").read_text())
+    assert environment["trainer"] == "OR1Trainer" and environment["sentinel"] == 3 and not environment["bf16"]
+    assert environment["guard"] == {"disable_cudnn_sdpa": False, "reason": "no CUDA device"}
+    shutil.rmtree(workdir / "checkpoint-2")
+    resumed = launch()
+    assert [row["step"] for row in resumed] == [1, 2] and resumed[0] == rows[0]
+
+
+def test_gpu_ladder_guarded_script_runs_its_quick_mode_on_cpu(tmp_path):
+    """`scripts/gpu_ladder_guarded.sh --quick` on the CPU: an OR1 run and a GRPOTrainer run of the tiny model at once,
+    1 step each; the summary says both finished at step 1, the OR1 run's sentinel counted nothing, GRPOTrainer has no
+    sentinel, no non-finite value at sampling, and the guard had nothing to do (no CUDA device)."""
+    gpu_script_quick("gpu_ladder_guarded.sh", tmp_path)
+    summary = {row["arm"]: row for row in json.loads((tmp_path / "out" / "summary.json").read_text())}
+    assert set(summary) == {"or1", "grpo"}
+    for arm, row in summary.items():
+        assert (row["exit_status"], row["ended"], row["assert"], row["step_reached"]) == (0, "finished", None, 1)
+        assert row["sampling_nonfinite_scores"] == row["sampling_invalid_probs"] == row["nonfinite_weights"] == 0
+        assert row["guard_acted"] is False and row["guard_reason"] == "no CUDA device"
+    assert summary["or1"]["nonfinite_steps"] == summary["or1"]["nonfinite_grad_values"] == 0
+    assert summary["grpo"]["nonfinite_steps"] is None
+    assert "0 of 2 runs died; 2 reached step 1" in (tmp_path / "out" / "summary.txt").read_text()
