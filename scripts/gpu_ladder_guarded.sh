@@ -35,7 +35,7 @@
 #     (a warm machine keeps call 1's files; `--prepare` installs and builds the model, then stops);
 #   - without MODEL: `or1-trl model smollm2`'s folder (built before on that machine).
 # --quick: two runs (or1 and grpo, seed 0) of 1 step, the tiny model of or1_trl.testing in fp32 unless MODEL is given
-# (then that folder, bf16): the same plumbing in well under a minute on a CPU (tests/test_benchmarks.py runs it so).
+# (then that folder, bf16): the same plumbing on a CPU, 1.5 min on 2 busy CPUs (tests/test_benchmarks.py runs it so).
 # Writes to $OUT (default ./gpu_ladder_guarded_out): traces/<arm>-seed<seed>.jsonl (nan_trace's lines, one per step,
 # and its .env.json: device, the guard's decision, whether cuDNN SDPA was on after the trainer was built),
 # logs/<arm>-seed<seed>.log, packages.json, summary.json and summary.txt: per run, how it ended (finished, died:
