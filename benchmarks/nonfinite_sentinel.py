@@ -91,11 +91,32 @@ def one_step(model, optimizer, batch: torch.Tensor, sentinel: NonFiniteSentinel 
     return time.perf_counter() - start
 
 
+def sentinel_work(sentinel: NonFiniteSentinel, model, repeats: int) -> list[float]:
+    """Seconds of the sentinel's own work on one step's gradients, `repeats` times: its hook on every trainable
+    parameter (a finite tensor of the parameter's shape and dtype standing for the gradient) and its step-boundary
+    decision; the same code as in training, without the update around it (that one is `on_s` - `off_s`, noisier)."""
+    sentinel.on_train_begin(None, TrainerState(), TrainerControl())
+    gradients = [torch.randn_like(param) for param in sentinel._params]
+    counters = [sentinel._counter(index) for index in range(len(gradients))]
+    seconds = []
+    for _ in range(repeats):
+        synchronize(gradients[0].device.type)
+        start = time.perf_counter()
+        for count, gradient in zip(counters, gradients):
+            count(gradient)
+        sentinel.on_pre_optimizer_step(None, SimpleNamespace(global_step=0), TrainerControl())
+        synchronize(gradients[0].device.type)
+        seconds.append(time.perf_counter() - start)
+    sentinel.remove_hooks()
+    return seconds
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=12, help="timed steps of each arm")
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=72)
+    parser.add_argument("--work-repeats", type=int, default=20, help="timings of the sentinel's own work alone")
     parser.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
     parser.add_argument("--quick", action="store_true", help="the tiny model, 3 repetitions, 8 x 16 tokens")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -134,6 +155,7 @@ def main(argv=None) -> dict:
             if rep >= 2 and seconds == seconds:  # 2 untimed steps of each arm first (NaN: the sync check failed)
                 times[arm].append(seconds)
     off, on = statistics.median(times["off"]), statistics.median(times["on"])
+    work = sentinel_work(sentinel, model, repeats=args.work_repeats)
     result = {
         "model": "tiny" if args.quick else ("SmolLM2-135M architecture, random weights" if args.architecture else
                                             "SmolLM2-135M-Instruct"), "rows": args.rows, "tokens": args.tokens,
@@ -141,10 +163,14 @@ def main(argv=None) -> dict:
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu", "sync_free_backward": sync_free,
         "torch": torch.__version__, "off_s": times["off"], "on_s": times["on"], "median_off_s": off,
         "median_on_s": on, "ratio_on_off": on / off, "steps_counted_nonfinite": sentinel.steps,
+        "sentinel_work_s": work, "median_work_s": statistics.median(work),
+        "work_over_update": statistics.median(work) / off,
     }
     print(f"{result['model']} on {result['device']}, update of {args.rows} x {args.tokens} tokens (bf16 autocast, "
           f"AdamW), {args.reps} steps per arm, interleaved: median {off * 1e3:.1f} ms without the sentinel, "
-          f"{on * 1e3:.1f} ms with it: ratio {on / off:.4f}")
+          f"{on * 1e3:.1f} ms with it: ratio {on / off:.4f}; the sentinel's own work on a full set of gradients "
+          f"{statistics.median(work) * 1e3:.1f} ms (median of {len(work)}): {statistics.median(work) / off:.4f} of "
+          "the update")
     if args.json:  # every step's time, for the record
         pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
     return result

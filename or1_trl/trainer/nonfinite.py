@@ -79,7 +79,7 @@ class NonFiniteSentinel(TrainerCallback):
         self.remove_hooks()
         named = [(name, p) for name, p in self.trainer.model.named_parameters() if p.requires_grad]
         self._names, self._params = [name for name, _ in named], [p for _, p in named]
-        self._counts = torch.zeros(len(named) + 1, dtype=torch.float64, device=self.trainer.accelerator.device)
+        self._counts = torch.zeros(len(named) + 1, dtype=torch.long, device=self.trainer.accelerator.device)
         self._hooks = [param.register_hook(self._counter(index)) for index, param in enumerate(self._params)]
         return control
 
@@ -92,20 +92,20 @@ class NonFiniteSentinel(TrainerCallback):
     def _counter(self, index: int):
         def count(grad: torch.Tensor) -> None:
             if not isinstance(grad, DTensor):  # FSDP2's shards: counted before the optimizer step
-                self._counts[index] += nonfinite_count(grad).to(self._counts.dtype)
+                self._counts[index] += nonfinite_count(grad)
 
         return count
 
     def count_loss(self, loss: torch.Tensor) -> None:
         """Count the micro-step's loss (what `training_step` returns) if it is not finite."""
         if self._counts is not None:
-            self._counts[-1] += nonfinite_count(loss.detach()).to(self._counts.dtype)
+            self._counts[-1] += nonfinite_count(loss.detach())
 
     # --- The step's decision
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         for index, param in enumerate(self._params):
             if isinstance(param, DTensor) and param.grad is not None:  # FSDP2: this rank's reduced shard
-                self._counts[index] += nonfinite_count(param.grad.to_local()).to(self._counts.dtype)
+                self._counts[index] += nonfinite_count(param.grad.to_local())
         counts = self.trainer.accelerator.reduce(self._counts, reduction="sum")  # [P + 1], the same on every rank
         self._counts.zero_()
         per_param, losses = counts[:-1].tolist(), int(counts[-1].item())
