@@ -18,7 +18,7 @@ step's time. Differences from the ladder's run: a checkpoint every `--save-every
 saves none), and the trace's own hooks, which only read.
 
 What is measured, per finished optimizer step, one JSON line appended to `--out` as the step ends:
-- `nonfinite_steps`, `nonfinite_grad_values`, `nonfinite_loss_values`: the sentinel's counts since the run began;
+- `nonfinite_steps`, `nonfinite_grads`, `nonfinite_losses`: the sentinel's counts since the run began;
 - at sampling (`sampling`), over every call of `generate` in the step: the scores `generate` samples from. A logits
   processor appended to `generate`'s own (`SamplingProbe`) sees `next_token_scores`, the fp32 copy of the lm_head's
   last-position logits, after the processors `generate` builds before the sampling warpers; the trainers sample at
@@ -64,7 +64,7 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results", "nan_trace-cpu")
 CONFIDENT = 0.99  # a row whose top-1 probability is at least this counts as `confident`
 STOPPED = 3  # exit status of a run the sentinel stopped
 LOG_KEYS = ("reward", "completions/mean_length", "completions/max_length", "entropy", "grad_norm", "loss",
-            "nonfinite_steps", "nonfinite_grad_values", "nonfinite_loss_values")
+            "nonfinite_steps", "nonfinite_grads", "nonfinite_losses")
 
 
 class SamplingProbe(LogitsProcessor):
@@ -153,7 +153,7 @@ class Trace(TrainerCallback):
         s = row["sampling"]
         print(f"step {row['step']}: {row['step_s']:.0f} s, reward {row['reward']:.3f}, length "
               f"{row['completions/mean_length']:.1f}; sentinel {row['nonfinite_steps']} steps / "
-              f"{row['nonfinite_grad_values']} grad / {row['nonfinite_loss_values']} loss values; sampling "
+              f"{row['nonfinite_grads']} grad / {row['nonfinite_losses']} loss values; sampling "
               f"{s['nonfinite_scores']} non-finite scores, {s['invalid_probs']} invalid probs over {s['positions']} "
               f"rows, max top-1 {figure(s['max_top1'])}, min entropy {figure(s['min_entropy'])}; non-finite weights "
               f"{weights}", file=sys.stderr, flush=True)

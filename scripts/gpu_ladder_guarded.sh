@@ -149,8 +149,8 @@ for run in runs:
         "arm": arm, "seed": int(seed), "exit_status": status, "ended": ended,
         "assert": match.group(0) if match else None,
         "step_reached": last.get("step", 0), "steps": steps,
-        "nonfinite_steps": last.get("nonfinite_steps"), "nonfinite_grad_values": last.get("nonfinite_grad_values"),
-        "nonfinite_loss_values": last.get("nonfinite_loss_values"),
+        "nonfinite_steps": last.get("nonfinite_steps"), "nonfinite_grads": last.get("nonfinite_grads"),
+        "nonfinite_losses": last.get("nonfinite_losses"),
         "sampling_nonfinite_scores": sum(r["sampling"]["nonfinite_scores"] for r in rows),
         "sampling_invalid_probs": sum(r["sampling"]["invalid_probs"] for r in rows),
         "nonfinite_weights": sum(r["nonfinite_weights"] for r in rows),
@@ -165,7 +165,7 @@ lines = [f"{'run':<22} {'ended':<24} {'step':>9} {'sentinel steps/grad/loss':>24
          f"{'max top-1':>9}  guard"]
 for s in summary:
     sentinel = "/".join("-" if s[k] is None else f"{s[k]:g}" for k in (
-        "nonfinite_steps", "nonfinite_grad_values", "nonfinite_loss_values"))
+        "nonfinite_steps", "nonfinite_grads", "nonfinite_losses"))
     lines.append(f"{s['arm'] + ' seed ' + str(s['seed']):<22} {s['ended']:<24} {s['step_reached']:>4}/{steps:<4} "
                  f"{sentinel:>24} {s['sampling_nonfinite_scores'] + s['sampling_invalid_probs']:>16} "
                  f"{s['max_top1'] or 0:>9.4f}  {'cuDNN SDPA off' if s['guard_acted'] else 'not needed'}: "

@@ -533,7 +533,7 @@ def test_nan_trace_quick_traces_every_step_and_resumes_without_a_duplicate(tmp_p
     rows = launch()
     assert [row["step"] for row in rows] == [1, 2]
     for row in rows:
-        assert row["nonfinite_steps"] == row["nonfinite_grad_values"] == row["nonfinite_loss_values"] == 0
+        assert row["nonfinite_steps"] == row["nonfinite_grads"] == row["nonfinite_losses"] == 0
         assert row["nonfinite_weights"] == 0 and 0 <= row["reward"] <= 1
         sampling = row["sampling"]
         assert sampling["nonfinite_scores"] == sampling["invalid_probs"] == 0
@@ -559,6 +559,6 @@ def test_gpu_ladder_guarded_script_runs_its_quick_mode_on_cpu(tmp_path):
         assert (row["exit_status"], row["ended"], row["assert"], row["step_reached"]) == (0, "finished", None, 1)
         assert row["sampling_nonfinite_scores"] == row["sampling_invalid_probs"] == row["nonfinite_weights"] == 0
         assert row["guard_acted"] is False and row["guard_reason"] == "no CUDA device"
-    assert summary["or1"]["nonfinite_steps"] == summary["or1"]["nonfinite_grad_values"] == 0
+    assert summary["or1"]["nonfinite_steps"] == summary["or1"]["nonfinite_grads"] == 0
     assert summary["grpo"]["nonfinite_steps"] is None
     assert "0 of 2 runs died; 2 reached step 1" in (tmp_path / "out" / "summary.txt").read_text()

@@ -4,14 +4,18 @@ the weights, and a run that keeps producing them stops with its last finite weig
 A NaN that enters the weights is not seen where it enters: the next sampling step dies in a device-side assert
 (`torch.multinomial`), or the run trains on garbage. So, every optimizer step, on every rank:
 
-- **Counted where produced.** Each trainable parameter's gradient is counted (its non-finite elements) as the backward
-  produces it, on the rank that computed it, before any reduction across ranks: a tensor hook per parameter
-  (`Tensor.register_hook`), the counts kept on the device (no host sync in the backward). Under FSDP2, whose module
-  parameters are shards autograd never differentiates, each rank's reduced shard is counted before the optimizer step
-  instead. Each micro-step's loss is counted when it is not finite (`count_loss`).
-- **One decision on every rank.** At the step's boundary (`on_pre_optimizer_step`, after the last backward) the counts
-  of all ranks are summed in one all-reduce (`[P + 1]` values: P parameters, then the losses) and read once.
-- **Not applied.** A step with a non-finite gradient count is not applied on any rank, the way a fully rejected step
+- **Seen where produced.** Each trainable parameter's gradient is summed as the backward produces it, on the rank
+  that computed it, before any reduction across ranks: a tensor hook per parameter (`Tensor.register_hook`) adds
+  `grad.sum()` to the parameter's entry of a `[P + 1]` tensor kept on the device (no host sync in the backward). A sum
+  is finite exactly when every element is (a NaN or an infinity makes it NaN or infinite; so would finite values
+  whose sum passes the dtype's range, about 3.4e38 in fp32 and bf16, a gradient as broken). One reduction per
+  gradient, the cheapest pass over it: counting the elements (`torch.isfinite`) cost 30× more on a CPU. Under FSDP2,
+  whose module parameters are shards autograd never differentiates, each rank's reduced shard is summed before the
+  optimizer step instead. Each micro-step's loss is added to the last entry (`count_loss`).
+- **One decision on every rank.** At the step's boundary (`on_pre_optimizer_step`, after the last backward) each rank
+  marks its non-finite entries (1 or 0) and one all-reduce sums the marks of all ranks (`[P + 1]` values), read once:
+  per parameter, the ranks where its gradient held a NaN/inf; last, the ranks where a loss did.
+- **Not applied.** A step with any marked gradient is not applied on any rank, the way a fully rejected step
   is not (`sharding.UpdateSkip`): the optimizer does not step (Adam's moments and step counts unchanged), the
   learning-rate schedule does not move, `global_step` counts the step (it consumed a rollout), and the gradients are
   dropped (transformers' `model.zero_grad()`). Under DeepSpeed the engine steps inside the last backward, and ZeRO
@@ -24,9 +28,10 @@ A NaN that enters the weights is not seen where it enters: the next sampling ste
   the values and how to resume (`--resume_from_checkpoint true`).
 
 Logged at every step (counts since the run began, kept across a resume by the checkpoint's OR1 state, never averaged;
-`trainer_state.json`'s log history keeps them): `nonfinite_steps` (steps not applied), `nonfinite_grad_values`
-(non-finite gradient elements, summed over ranks), `nonfinite_loss_values` (micro-step losses). A gradient that is
-finite on every rank and overflows only in the sum across ranks is not counted (DeepSpeed's own check covers it).
+`trainer_state.json`'s log history keeps them): `nonfinite_steps` (steps not applied), `nonfinite_grads` (gradients,
+one per parameter and rank and step, that held a NaN/inf), `nonfinite_losses` (ranks and steps whose loss did). A
+gradient that is finite on every rank and overflows only in the sum across ranks is not seen (DeepSpeed's own check
+covers it).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from transformers import TrainerCallback
 from .sharding import UpdateSkip
 
 #: The counters logged at every step, as `trainer_state.json` and W&B (`train/...`) show them.
-STEPS_METRIC, GRAD_METRIC, LOSS_METRIC = "nonfinite_steps", "nonfinite_grad_values", "nonfinite_loss_values"
+STEPS_METRIC, GRAD_METRIC, LOSS_METRIC = "nonfinite_steps", "nonfinite_grads", "nonfinite_losses"
 NAMES_SHOWN = 3  # parameters named in the stop line
 
 
@@ -46,9 +51,9 @@ class NonFiniteStop(RuntimeError):
     """The run stopped after `OR1Config.nonfinite_stop_after` steps in a row whose gradients held NaN or inf."""
 
 
-def nonfinite_count(tensor: torch.Tensor) -> torch.Tensor:
-    """The number of NaN and ±inf elements of `tensor`, as a 0-d tensor on its device (no host sync)."""
-    return torch.isfinite(tensor).logical_not_().sum()
+def gradient_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`'s sum as a 0-d fp32 tensor on its device (no host sync): not finite when any element is not."""
+    return tensor.detach().sum().float()
 
 
 class NonFiniteSentinel(TrainerCallback):
@@ -63,14 +68,14 @@ class NonFiniteSentinel(TrainerCallback):
 
     def __init__(self, trainer, stop_after: int | None):
         self.trainer, self.stop_after = trainer, stop_after
-        self.steps = self.grad_values = self.loss_values = 0  # since the run began (checkpointed)
+        self.steps = self.grads = self.losses = 0  # since the run began (checkpointed)
         self.in_a_row = 0
         self.stop_line: str | None = None
         self.first_bad = ""  # the parameters named for the last non-finite step
         self._names: list[str] = []
         self._params: list[torch.nn.Parameter] = []
         self._hooks: list = []
-        self._counts: torch.Tensor | None = None  # [P + 1]: per parameter, then the losses, this rank, this step
+        self._sums: torch.Tensor | None = None  # [P + 1]: per parameter, then the losses, this rank, this step
         self._bad_step = False
 
     # --- Counting
@@ -79,7 +84,7 @@ class NonFiniteSentinel(TrainerCallback):
         self.remove_hooks()
         named = [(name, p) for name, p in self.trainer.model.named_parameters() if p.requires_grad]
         self._names, self._params = [name for name, _ in named], [p for _, p in named]
-        self._counts = torch.zeros(len(named) + 1, dtype=torch.long, device=self.trainer.accelerator.device)
+        self._sums = torch.zeros(len(named) + 1, dtype=torch.float32, device=self.trainer.accelerator.device)
         self._hooks = [param.register_hook(self._counter(index)) for index, param in enumerate(self._params)]
         return control
 
@@ -91,31 +96,32 @@ class NonFiniteSentinel(TrainerCallback):
 
     def _counter(self, index: int):
         def count(grad: torch.Tensor) -> None:
-            if not isinstance(grad, DTensor):  # FSDP2's shards: counted before the optimizer step
-                self._counts[index] += nonfinite_count(grad)
+            if not isinstance(grad, DTensor):  # FSDP2's shards: summed before the optimizer step
+                self._sums[index] += gradient_sum(grad)
 
         return count
 
     def count_loss(self, loss: torch.Tensor) -> None:
-        """Count the micro-step's loss (what `training_step` returns) if it is not finite."""
-        if self._counts is not None:
-            self._counts[-1] += nonfinite_count(loss.detach())
+        """Add the micro-step's loss (what `training_step` returns) to the losses' entry."""
+        if self._sums is not None:
+            self._sums[-1] += gradient_sum(loss)
 
     # --- The step's decision
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         for index, param in enumerate(self._params):
             if isinstance(param, DTensor) and param.grad is not None:  # FSDP2: this rank's reduced shard
-                self._counts[index] += nonfinite_count(param.grad.to_local())
-        counts = self.trainer.accelerator.reduce(self._counts, reduction="sum")  # [P + 1], the same on every rank
-        self._counts.zero_()
-        per_param, losses = counts[:-1].tolist(), int(counts[-1].item())
-        self.loss_values += losses
+                self._sums[index] += gradient_sum(param.grad.to_local())
+        marks = torch.isfinite(self._sums).logical_not_().long()  # [P + 1]: 1 where this rank saw a NaN/inf
+        counts = self.trainer.accelerator.reduce(marks, reduction="sum").tolist()  # [P + 1], the same on every rank
+        self._sums.zero_()
+        per_param, losses = counts[:-1], counts[-1]
+        self.losses += losses
         bad = [name for name, count in zip(self._names, per_param) if count > 0]
         self._bad_step = bool(bad)
         if not bad:
             return control
         self.steps += 1
-        self.grad_values += int(sum(per_param))
+        self.grads += sum(per_param)
         step = state.global_step + 1
         self.first_bad = ", ".join(bad[:NAMES_SHOWN]) + (f" and {len(bad) - NAMES_SHOWN} more" if
                                                          len(bad) > NAMES_SHOWN else "")
@@ -124,7 +130,7 @@ class NonFiniteSentinel(TrainerCallback):
             update_skip.skip()  # the optimizer is not stepped, the schedule stays, the gradients are dropped
         elif not self.trainer.optimizer.step_was_skipped:
             raise NonFiniteStop(
-                f"Step {step}: the gradients of {self.first_bad} held {int(sum(per_param))} NaN/inf values and "
+                f"Step {step}: the gradients of {self.first_bad} held NaN/inf values and "
                 "DeepSpeed applied the update (its overflow check is off: bf16 with check_grad_overflow false?); the "
                 "weights may hold them. Turn DeepSpeed's check on, then resume from the last checkpoint "
                 "(--resume_from_checkpoint true).")
@@ -132,8 +138,7 @@ class NonFiniteSentinel(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         metrics = self.trainer._metrics["train"]
-        for key, value in ((STEPS_METRIC, self.steps), (GRAD_METRIC, self.grad_values),
-                           (LOSS_METRIC, self.loss_values)):
+        for key, value in ((STEPS_METRIC, self.steps), (GRAD_METRIC, self.grads), (LOSS_METRIC, self.losses)):
             metrics[key] = [float(value)]  # counts since the run began: never averaged
         if not self._bad_step:
             self.in_a_row = 0
@@ -160,10 +165,10 @@ class NonFiniteSentinel(TrainerCallback):
 
     # --- Checkpointed counters (`checkpoint.or1_state`)
     def state(self) -> dict[str, int]:
-        return {"steps": self.steps, "grad_values": self.grad_values, "loss_values": self.loss_values}
+        return {"steps": self.steps, "grads": self.grads, "losses": self.losses}
 
     def load_state(self, state: dict[str, int]) -> None:
-        self.steps, self.grad_values, self.loss_values = state["steps"], state["grad_values"], state["loss_values"]
+        self.steps, self.grads, self.losses = state["steps"], state["grads"], state["losses"]
         self.in_a_row = 0  # a resumed run starts a new streak
 
 

@@ -329,9 +329,9 @@ class OR1Config(GRPOConfig):
             update only, not the whole RL step, which generation dominates). The switch is process-wide and not
             undone; one warning says when it acts. `False` keeps cuDNN (TRL's behaviour).
         nonfinite_stop_after (`int` or `None`, *optional*, defaults to `3`):
-            The non-finite sentinel (`or1_trl/trainer/nonfinite.py`): every step counts the NaN/inf values in the
-            loss and in each parameter's gradient on every rank (logged as `nonfinite_steps`,
-            `nonfinite_grad_values`, `nonfinite_loss_values`); a step whose gradients hold any is not applied on any
+            The non-finite sentinel (`or1_trl/trainer/nonfinite.py`): every step checks the loss and each
+            parameter's gradient for NaN/inf on every rank (logged as `nonfinite_steps`,
+            `nonfinite_grads`, `nonfinite_losses`); a step whose gradients hold any is not applied on any
             rank (no optimizer step, the schedule unmoved, as a fully rejected step), and after this many such steps
             in a row the run stops with a complete checkpoint of its last finite weights and one line naming the
             step and the parameters. `None`: no sentinel, every update applied (TRL's behaviour).

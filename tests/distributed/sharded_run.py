@@ -118,8 +118,8 @@ def main(output_dir: str, options: dict) -> None:
 def plant_nan(trainer, fsdp2: bool) -> None:
     """Step `NAN_STEP`'s gradient of `NAN_PARAM` all NaN on the last rank (the only one in one process), as a NaN from
     a kernel would be, where the non-finite sentinel must catch it: a tensor hook registered before the sentinel's
-    (hooks run in that order). FSDP2's module parameters are shards autograd never differentiates: there every rank's
-    reduced shard is filled instead, just before the sentinel counts it."""
+    (hooks run in that order). FSDP2's module parameters are shards autograd never differentiates: there the last
+    rank's reduced shard is filled instead, just before the sentinel looks at it."""
     param = dict(trainer.model.named_parameters())[NAN_PARAM]
     last_rank = trainer.accelerator.process_index == trainer.accelerator.num_processes - 1
 
@@ -129,7 +129,7 @@ def plant_nan(trainer, fsdp2: bool) -> None:
     class FillShards(TrainerCallback):
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             shard = dict(trainer.model.named_parameters())[NAN_PARAM].grad
-            if state.global_step + 1 == NAN_STEP:
+            if state.global_step + 1 == NAN_STEP and last_rank:
                 shard.to_local().fill_(float("nan"))
 
     if fsdp2:
