@@ -175,13 +175,13 @@ def rank_independent_sampling(model, num_generations: int, pad_token_id: int) ->
 
     generate = model.generate
 
-    def sampled(*args, generation_config=None, **kwargs):
+    def sampled(*args, generation_config=None, logits_processor=None, **kwargs):
         config = copy.deepcopy(generation_config if generation_config is not None else model.generation_config)
         temperature = config.temperature or 1.0
         config.do_sample, config.temperature, config.top_k, config.top_p = False, None, None, None
-        return generate(*args, generation_config=config,
-                        logits_processor=LogitsProcessorList([RowGumbel(temperature)]),
-                        **kwargs)
+        # The call's own processors (e.g. `generation/finite_logits.py`'s check) see the noisy scores, after ours.
+        processors = LogitsProcessorList([RowGumbel(temperature), *(logits_processor or [])])
+        return generate(*args, generation_config=config, logits_processor=processors, **kwargs)
 
     model.generate = sampled
 
