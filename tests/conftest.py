@@ -126,15 +126,19 @@ class VLLMServer:
     def start(self):
         import functools
         import subprocess
+        import threading
 
         from or1_trl.generation.serve import die_with_parent, wait_for_health
 
         self._log = open(self.log_path, "a")
         # A pytest killed (a timeout, Ctrl-C twice, SIGKILL) takes its servers with it: `or1-trl serve` gets SIGTERM
         # when this process dies and passes it on to vLLM (`die_with_parent`), instead of holding CPUs and memory.
-        self.process = subprocess.Popen(self._command, stdout=self._log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, env=self._env,
-                                        preexec_fn=functools.partial(die_with_parent, os.getpid()))
+        # Linux sends that signal when the *thread* that started the child ends, so a server (re)started from a
+        # test's thread (the restart tests) goes without it; the fixture's teardown stops it.
+        main_thread = threading.current_thread() is threading.main_thread()
+        self.process = subprocess.Popen(
+            self._command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=self._env,
+            preexec_fn=functools.partial(die_with_parent, os.getpid()) if main_thread else None)
         try:
             wait_for_health(self.url, self.process, timeout=600)
         except BaseException:
