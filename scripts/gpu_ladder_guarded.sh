@@ -61,12 +61,13 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 WANDB_MODE=
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PIP_DISABLE_PIP_VERSION_CHECK=1
 
 if [ -n "${WHEELS:-}" ]; then  # only what is missing, from the folder
-    "$PYTHON" -m pip install -q --no-index --find-links "$WHEELS" trl==1.16.0 datasets==5.2.0 gguf requests 2>&1 \
+    "$PYTHON" -m pip install -q --no-index --find-links "$WHEELS" trl==1.16.0 datasets==5.2.0 gguf requests \
+        math-verify==0.9.0 2>&1 \
         | tail -5
 fi
 "$PYTHON" -m pip list --format=json > "$OUT/packages.json" 2>/dev/null  # the versions it ran with
-if ! "$PYTHON" -c "import trl, datasets" 2>/dev/null; then
-    echo "cannot run the ladder: TRL or datasets missing (pass WHEELS, the folder of scripts/gpu_wheels.sh)" >&2
+if ! "$PYTHON" -c "import trl, datasets, math_verify" 2>/dev/null; then
+    echo "cannot run the ladder: TRL, datasets or math-verify missing (pass WHEELS, the folder of scripts/gpu_wheels.sh)" >&2
     exit 3
 fi
 

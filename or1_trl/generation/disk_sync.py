@@ -52,8 +52,9 @@ from .weight_files import (
 logger = logging.get_logger(__name__)
 
 #: Version of `or1_vllm_worker.OR1WorkerExtension` this trainer speaks to (3: `or1_server_info`,
-#: `or1_set_weights_version`; 4: a boolean probe, sync roots, `or1_reload_weights` answering `{"ok", "error"}`).
-WORKER_EXTENSION_VERSION = 4
+#: `or1_set_weights_version`; 4: a boolean probe, sync roots, `or1_reload_weights` answering `{"ok", "error"}`;
+#: 5: every weight change zeroes the KV cache, so NaN computed by earlier weights cannot reach new requests).
+WORKER_EXTENSION_VERSION = 5
 #: Times the server is asked to load one version before the run stops (`WeightsRefusedError`).
 RELOAD_TRIES = 2
 #: The phases of one push, in `DiskWeightSync.last_breakdown` and the trainer's `vllm/sync_seconds/<phase>`.

@@ -12,7 +12,7 @@ from trl import GRPOConfig, GRPOTrainer
 from or1_trl import OR1Config, OR1Trainer
 from or1_trl.generation.finite_logits import NonFiniteLogitsError
 from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
-from ..helpers import ScriptedReward, logged, parity_reward, tagged_dataset, tied_trainer
+from ..helpers import TOL, ScriptedReward, logged, parity_reward, tagged_dataset, tied_trainer
 
 def train(trainer_cls, config_cls, tmp_path, reward=parity_reward, dataset=None, **overrides):
     model, tokenizer = tiny_model_and_tokenizer(seed=0)
@@ -383,7 +383,11 @@ def test_a_nan_logit_at_sampling_stops_the_run_naming_the_step_and_row_before_tr
 def test_nan_logprobs_from_the_vllm_server_stop_the_run_before_training_on_them(vllm_server, tmp_path):
     """vLLM server path (disk sync): a NaN pushed in one weight makes the server sample with NaN logits. vLLM 0.32
     cannot write their NaN log-probs in JSON and answers 400; the run ends with `NonFiniteLogitsError` naming step 1
-    (the rows unknown: the answer was refused whole), before any update. (The next run pushes its own weights.)"""
+    (the rows unknown: the answer was refused whole), before any update.
+
+    The server is then fit for the next run: the KV cache the NaN weights wrote is zeroed with the next push (before
+    extension version 5, the next run's first requests sampled NaN through the masked slots of those blocks and stopped
+    too). A fresh run trains its step on the same server, which samples with the log-probs of its pushed weights."""
     trainer = tied_trainer(vllm_server, tmp_path, max_steps=2)
     with torch.no_grad():
         trainer.model.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
@@ -398,3 +402,9 @@ def test_nan_logprobs_from_the_vllm_server_stop_the_run_before_training_on_them(
     assert trainer.state.global_step == 0
     for name, param in trainer.model.named_parameters():
         assert torch.allclose(param, initial[name], rtol=0, atol=0, equal_nan=True), name
+
+    fresh = tied_trainer(vllm_server, tmp_path / "next_run", max_steps=1, logging_steps=1)
+    fresh.train()
+    assert fresh.state.global_step == 1
+    sampled = next(log for log in fresh.state.log_history if "sampling/sampling_logp_difference/max" in log)
+    assert sampled["sampling/sampling_logp_difference/max"] < TOL  # finite, and the trainer's own log-probs

@@ -23,6 +23,14 @@ roots and, for a probe, whether a file the trainer wrote is the one the server r
 writes, e.g. on /dev/shm, is the one the server reads). With adapter-only sync the weights version is set by
 `or1_set_weights_version` once the adapter is loaded through vLLM's `/v1/load_lora_adapter`.
 
+**New weights start from a zeroed KV cache** (version 5). Attention reads whole cache blocks and masks the slots past
+a sequence's end; a slot holding NaN still makes NaN there (masked scores weigh it by 0, and 0 × NaN is NaN). Weights
+that sampled NaN once (a NaN pushed by a run that then stopped with `NonFiniteLogitsError`) left NaN in the blocks, so
+the next run's first requests on the same server sampled NaN too, with finite weights. Every weight change
+(`or1_reload_weights`, and `or1_set_weights_version` after an adapter load) zeroes the cache (`_zero_kv_cache`): what
+it holds was computed by the old weights and is never valid for the new ones. A memset of the cache per push (64 MiB
+in the tests' servers; tens of GiB on a GPU, milliseconds at its memory bandwidth).
+
 **What a caller of `/collective_rpc` can make the server read** (anyone holding the key; anyone on this machine for a
 server without one):
 
@@ -58,7 +66,7 @@ if __package__:  # imported as part of or1_trl
 else:  # in the server, where this directory is on the PYTHONPATH
     from or1_private import loadable_problem
 
-EXTENSION_VERSION = 4
+EXTENSION_VERSION = 5
 #: Where `or1-trl serve` lists the directories the server may load weights from (`os.pathsep`-separated).
 SYNC_ROOTS_ENV = "OR1_VLLM_SYNC_ROOTS"
 #: The only file name the probe opens: the trainer's `.or1-probe-` + 32 hex digits (its token is the content).
@@ -181,7 +189,8 @@ class OR1WorkerExtension:
 
     def or1_set_weights_version(self, version: int) -> int:
         """Hold `version` as the weights' version without reloading (adapter-only sync: the adapter was loaded
-        through `/v1/load_lora_adapter`)."""
+        through `/v1/load_lora_adapter`), the KV cache zeroed."""
+        _zero_kv_cache(self.model_runner)
         self._or1_weights_version = int(version)
         return self._or1_weights_version
 
@@ -190,7 +199,8 @@ class OR1WorkerExtension:
 
         The folder is checked first (`check_weights_dir`, against the tensors of the last weights loaded); a load
         that fails anyway is undone by reloading the last complete weights. Returns `{"ok": True, "repacked": n}`
-        (layers re-packed), or `{"ok": False, "error": one line}` with the old weights and version kept."""
+        (layers re-packed), or `{"ok": False, "error": one line}` with the old weights and version kept. New weights
+        start from a zeroed KV cache (`_zero_kv_cache`)."""
         if not hasattr(self, "_or1_good"):  # the weights the server started with: (folder, tensor names)
             self._or1_good = (self.model_config.model, _local_tensor_names(self.model_config.model))
         good_path, good_names = self._or1_good
@@ -211,6 +221,7 @@ class OR1WorkerExtension:
             return {"ok": False, "error": f"{reason}; the server keeps its previous weights"}
         self._or1_good = (real, names)
         repacked = _repack_tied_cpu_layers(self.model_runner.get_model())
+        _zero_kv_cache(self.model_runner)
         if version is not None:  # only once the weights are in place
             self._or1_weights_version = int(version)
         return {"ok": True, "repacked": repacked}
@@ -240,6 +251,15 @@ def _abort_layerwise_reload(model) -> None:
     layerwise.LOADING_LAYERS.clear()
     if hasattr(model, "_original_do_torchao_reload"):
         model._do_torchao_reload = model._original_do_torchao_reload
+
+
+def _zero_kv_cache(model_runner) -> None:
+    """Zero every KV cache tensor of the worker (vLLM 0.32: `model_runner.kv_caches`, one tensor, or a list of them,
+    per attention layer): NaN left there by earlier weights would reach new requests through the masked slots of
+    their blocks (the module's docstring)."""
+    for cache in model_runner.kv_caches:
+        for tensor in cache if isinstance(cache, (list, tuple)) else (cache,):
+            tensor.zero_()
 
 
 def _probe(path: str, token: str) -> bool:
