@@ -195,8 +195,9 @@ def check_no_warpers(config) -> None:
 
 
 def build(arm: str, seed: int, steps: int, quick: bool, fp32: bool, folder: str, workdir: str, save_every: int,
-          resume: bool):
-    """The trainer of the run, its probe and the trainer class's name."""
+          resume: bool, guard_on: bool = True):
+    """The trainer of the run, its probe and the trainer class's name. `guard_on=False`: the control, cuDNN SDPA
+    left on (`cudnn_sdpa_guard=False`; `grpo` gets no guard)."""
     import dataclasses
 
     from trl import GRPOTrainer
@@ -213,6 +214,8 @@ def build(arm: str, seed: int, steps: int, quick: bool, fp32: bool, folder: str,
     config.overwrite_output_dir = not resume  # the demo's config starts over; a relaunch continues
     if fp32:
         config.bf16 = False
+    if hasattr(config, "cudnn_sdpa_guard"):  # OR1Config's (read when the trainer is built)
+        config.cudnn_sdpa_guard = guard_on
     check_no_warpers(config)
     cls = GRPOTrainer if arm == "grpo" else OR1Trainer
     trainer_ref: list = []
@@ -222,11 +225,11 @@ def build(arm: str, seed: int, steps: int, quick: bool, fp32: bool, folder: str,
     trainer_ref.append(trainer)
     trainer.remove_callback(PrinterCallback)
     if arm == "grpo":  # TRL's trainer has no guard: the same decision, applied here
-        attention_guard.guard(True, trainer.model)
+        attention_guard.guard(guard_on, trainer.model)
     probe_generation(trainer.accelerator.unwrap_model(trainer.model), probe)
     attention = getattr(trainer.model.config, "_attn_implementation", None)
     guard = attention_guard.decide(attention_guard.cuda_capability(), attention, torch_version=torch.__version__,
-                                   enabled=getattr(config, "cudnn_sdpa_guard", True))
+                                   enabled=getattr(config, "cudnn_sdpa_guard", guard_on))
     environment = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else f"{os.cpu_count()} CPUs",
                    "capability": attention_guard.cuda_capability(), "torch": torch.__version__,
                    "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
@@ -250,6 +253,8 @@ def main(argv=None) -> int:
     parser.add_argument("--save-every", type=int, default=1, help="a checkpoint every N steps (default 1)")
     parser.add_argument("--fp32", action="store_true", help="train in fp32 instead of bf16 autocast")
     parser.add_argument("--quick", action="store_true", help="the tiny model of or1_trl.testing, fp32, 2 steps")
+    parser.add_argument("--no-guard", action="store_true",
+                        help="the control: cudnn_sdpa_guard=False, cuDNN's SDPA left on where the guard would act")
     args = parser.parse_args(argv)
     steps = args.steps if args.steps is not None else (LADDER_QUICK if args.quick else LADDER).steps
     if steps < 1 or args.save_every < 1:
@@ -273,11 +278,12 @@ def main(argv=None) -> int:
 
             folder = model_folder("smollm2")
         identity = {"arm": args.arm, "seed": args.seed, "steps": steps, "precision": "fp32" if fp32 else "bf16",
+                    **({"guard": "off"} if args.no_guard else {}),
                     "model": "tiny" if args.quick else os.path.basename(folder), "workdir": workdir}
         identity_check(out, identity)
         resume = os.path.isdir(workdir) and any(name.startswith("checkpoint-") for name in os.listdir(workdir))
         trainer, trainer_ref, probe, environment = build(args.arm, args.seed, steps, args.quick, fp32, folder,
-                                                         workdir, args.save_every, resume)
+                                                         workdir, args.save_every, resume, guard_on=not args.no_guard)
         with open(f"{out}.env.json", "w") as f:
             json.dump(environment, f)
         trainer.add_callback(Trace(trainer_ref, probe, out))

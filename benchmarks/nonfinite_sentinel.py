@@ -7,17 +7,17 @@
 What is timed: one optimizer step of SmolLM2-135M-Instruct (`or1-trl model smollm2`'s folder; fp32 weights and
 AdamW, bf16 autocast as the real-model demo trains) on `--rows` rows of `--tokens` tokens (the demo's update: 32 rows
 of a short prompt and up to 48 completion tokens): forward, the token-mean cross-entropy, backward, and the optimizer
-step. Arm `off`: that alone. Arm `on`: the same with the sentinel as `OR1Trainer` runs it — its tensor hook on every
-trainable parameter counting the gradient's non-finite elements during the backward, `count_loss`, and at the step's
-boundary `on_pre_optimizer_step` (the all-reduce of the counts through accelerate, one process here, and their one
+step. Arm `off`: that alone. Arm `on`: the same with the sentinel as `OR1Trainer` runs it — after the backward
+`count_loss` (the loss, and the L1 norm of every trainable parameter's gradient in one fused call), and at the step's
+boundary `on_pre_optimizer_step` (the all-reduce of the marks through accelerate, one process here, and their one
 read on the host). The arms alternate step by step from the same weights (each step's gradients and the optimizer's
 update are real, the weights move in both), after 2 untimed steps of each; the figure is the median of each arm's step
 times and their ratio, in the same run.
 
 On a GPU machine (no model files there) `--architecture` builds SmolLM2-135M's architecture with random weights
 (`benchmarks/sdpa_guard.py`'s `smollm2_architecture`), and on CUDA the `on` arm's first timed backward runs under
-`torch.cuda.set_sync_debug_mode("error")`: a host synchronisation in the sentinel's hooks would raise there
-(`sync_free_backward` in the result). The all-reduce and the counts' one read at the step's boundary do synchronise,
+`torch.cuda.set_sync_debug_mode("error")`, `count_loss` included: a host synchronisation there would raise
+(`sync_free_backward` in the result). The all-reduce and the marks' one read at the step's boundary do synchronise,
 once per step, by design.
 
 The update alone is the conservative denominator: a whole RL step adds the rollout (generation: most of a real-model
@@ -92,22 +92,23 @@ def one_step(model, optimizer, batch: torch.Tensor, sentinel: NonFiniteSentinel 
 
 
 def sentinel_work(sentinel: NonFiniteSentinel, model, repeats: int) -> list[float]:
-    """Seconds of the sentinel's own work on one step's gradients, `repeats` times: its hook on every trainable
-    parameter (a finite tensor of the parameter's shape and dtype standing for the gradient) and its step-boundary
-    decision; the same code as in training, without the update around it (that one is `on_s` - `off_s`, noisier)."""
+    """Seconds of the sentinel's own work on one step's gradients, `repeats` times: its look at every trainable
+    parameter's gradient after the last backward (`count_loss`; a finite tensor of the parameter's shape and dtype in
+    `.grad` stands for the gradient) and its step-boundary decision; the same code as in training, without the update
+    around it (that one is `on_s` - `off_s`, noisier)."""
     sentinel.on_train_begin(None, TrainerState(), TrainerControl())
-    gradients = [torch.randn_like(param) for param in sentinel._params]
-    counters = [sentinel._counter(index) for index in range(len(gradients))]
+    for param in sentinel._params:
+        param.grad = torch.randn_like(param)
+    loss = torch.ones((), device=sentinel._params[0].device)
     seconds = []
     for _ in range(repeats):
-        synchronize(gradients[0].device.type)
+        synchronize(loss.device.type)
         start = time.perf_counter()
-        for count, gradient in zip(counters, gradients):
-            count(gradient)
+        sentinel.count_loss(loss)
         sentinel.on_pre_optimizer_step(None, SimpleNamespace(global_step=0), TrainerControl())
-        synchronize(gradients[0].device.type)
+        synchronize(loss.device.type)
         seconds.append(time.perf_counter() - start)
-    sentinel.remove_hooks()
+    model.zero_grad(set_to_none=True)
     return seconds
 
 
@@ -134,14 +135,13 @@ def main(argv=None) -> dict:
     accelerator = Accelerator(cpu=args.device == "cpu")
     trainer = SimpleNamespace(model=model, accelerator=accelerator, optimizer=optimizer, update_skip=None)
     sentinel = NonFiniteSentinel(trainer, stop_after=3)
-    sync_free = None  # CUDA: whether the hooks' backward ran without a host synchronisation
+    sync_free = None  # CUDA: whether the backward and `count_loss` ran without a host synchronisation
     times = {"off": [], "on": []}
     for rep in range(args.reps + 2):
         for arm in ("off", "on") if rep % 2 == 0 else ("on", "off"):
-            if arm == "off":  # the same model with the sentinel's hooks taken off
-                sentinel.remove_hooks()
+            if arm == "off":  # the same model without the sentinel
                 seconds = one_step(model, optimizer, batch, sentinel=None)
-            else:  # its hooks on every parameter, as at the start of training
+            else:  # as at the start of training
                 sentinel.on_train_begin(None, TrainerState(), TrainerControl())
                 check = args.device == "cuda" and sync_free is None and rep == 2
                 try:
@@ -151,7 +151,7 @@ def main(argv=None) -> dict:
                     if not check:
                         raise
                     sync_free, seconds = False, float("nan")
-                    print(f"a host synchronisation in the backward with the sentinel's hooks: {error}")
+                    print(f"a host synchronisation in the backward or the sentinel's look at the gradients: {error}")
             if rep >= 2 and seconds == seconds:  # 2 untimed steps of each arm first (NaN: the sync check failed)
                 times[arm].append(seconds)
     off, on = statistics.median(times["off"]), statistics.median(times["on"])

@@ -9,7 +9,8 @@
 # (`nonfinite_stop_after=3`) on; `grpo` is TRL's GRPOTrainer, which has no sentinel: nan_trace applies the guard to it.
 # No held-out evaluation runs (the ladder's took a share of the H200's launch; the rollouts sample from the same
 # policy, and nan_trace traces their sampling), and no checkpoint but the stage hand-over and the end's.
-#   OUT=DIR [MODEL=SPEC] [WHEELS=DIR] bash scripts/gpu_ladder_guarded.sh [--quick] [--prepare] [--steps N]
+#   OUT=DIR [MODEL=SPEC] [WHEELS=DIR] [GUARD=off] bash scripts/gpu_ladder_guarded.sh [--quick] [--prepare] [--steps N]
+# GUARD=off runs the control: the same runs with cuDNN's SDPA left on (nan_trace --no-guard).
 # Time: of the H200 launch's 14 runs at once, 6 finished all 36 steps and 6 died after steps 24-33 within one
 # 10-minute call, which also measured the regime and the start and evaluated every 3 steps (each evaluation samples
 # 864 sequences, 27 steps' worth); without those, 12 runs of 36 steps should fit in one call: an estimate from that
@@ -67,7 +68,7 @@ if [ -n "${WHEELS:-}" ]; then  # only what is missing, from the folder
 fi
 "$PYTHON" -m pip list --format=json > "$OUT/packages.json" 2>/dev/null  # the versions it ran with
 if ! "$PYTHON" -c "import trl, datasets, math_verify" 2>/dev/null; then
-    echo "cannot run the ladder: TRL, datasets or math-verify missing (pass WHEELS, the folder of scripts/gpu_wheels.sh)" >&2
+    echo "cannot run the ladder: TRL, datasets or math-verify missing (pass WHEELS, from gpu_wheels.sh)" >&2
     exit 3
 fi
 
@@ -116,13 +117,15 @@ fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-ladder-guarded-XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 rm -f "$OUT"/traces/* "$OUT"/logs/*
+GUARD_ARGS=()
+[ "${GUARD:-on}" = off ] && GUARD_ARGS=(--no-guard)  # the control: cuDNN's SDPA left on
 echo "$(date +%T) ${#RUNS[@]} runs of $STEPS steps at once (each cut at ${RUN_TIMEOUT:-420} s)"
 for run in "${RUNS[@]}"; do
     arm=${run%:*} seed=${run#*:}
     (
         timeout "${RUN_TIMEOUT:-420}" "$PYTHON" benchmarks/nan_trace.py --arm "$arm" --seed "$seed" --steps "$STEPS" \
             --out "$OUT/traces/$arm-seed$seed.jsonl" --workdir "$WORK/$arm-$seed" --save-every "$STEPS" \
-            "${MODEL_ARGS[@]}" > "$OUT/logs/$arm-seed$seed.log" 2>&1
+            "${MODEL_ARGS[@]}" "${GUARD_ARGS[@]}" > "$OUT/logs/$arm-seed$seed.log" 2>&1
         status=$?
         echo "$status" > "$OUT/logs/$arm-seed$seed.status"
         echo "$(date +%T) $arm seed $seed: exit $status"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The non-finite checks of issue 47 on this machine's GPU, one short call (docs/distributing_training.md, "The
 # non-finite sentinel"): benchmarks/nonfinite_sentinel.py on SmolLM2-135M's architecture (random weights: the machine
-# has no model files), (1) on CUDA, 32 rows x 704 tokens under bf16 autocast, 12 timed steps per arm interleaved: the
+# has no model files), (1) on CUDA, 32 rows x 704 tokens under bf16 autocast, 30 timed steps per arm interleaved: the
 # sentinel's cost on the update (median ratio, same run), and whether its hooks' backward runs without a host
 # synchronisation (torch.cuda.set_sync_debug_mode("error")); (2) on this machine's CPUs, 32 rows x 72 tokens (the
 # real-model demo's update), 6 timed steps per arm; (3) benchmarks/finite_logits_check.py on CUDA: plain `generate`
@@ -33,7 +33,7 @@ if [ "${1:-}" = "--quick" ] || ! "$PYTHON" -c "import torch, sys; sys.exit(not t
 else
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> "$OUT/output.txt" 2>&1
     run sentinel_cuda benchmarks/nonfinite_sentinel.py --device cuda --architecture --rows 32 --tokens 704 \
-        --reps 12 --json "$OUT/sentinel_cuda.json"
+        --reps 30 --json "$OUT/sentinel_cuda.json"
     run sentinel_cpu benchmarks/nonfinite_sentinel.py --device cpu --architecture --rows 32 --tokens 72 --reps 6 \
         --json "$OUT/sentinel_cpu.json"
     run finite_logits benchmarks/finite_logits_check.py --device cuda --json "$OUT/finite_logits.json"

@@ -396,10 +396,11 @@ def test_quick_real_demo_benchmark_reports_what_it_measured(tmp_path):
     assert costs["demo"]["prompt_tokens"] > 0 and costs["demo"]["tokens"] > 0
 
 
-def gpu_script_quick(script: str, tmp_path) -> None:
-    """`scripts/<script> --quick` run on the CPU from `tmp_path`, its results in `tmp_path / "out"`; it must succeed."""
+def gpu_script_quick(script: str, tmp_path, **env: str) -> None:
+    """`scripts/<script> --quick` run on the CPU from `tmp_path` (`env` added to its environment), its results in
+    `tmp_path / "out"`; it must succeed."""
     result = subprocess.run(["bash", os.path.join(ROOT, "scripts", script), "--quick"], cwd=tmp_path,
-                            env={**ENV, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable},
+                            env={**ENV, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable, **env},
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
@@ -550,15 +551,16 @@ def test_nan_trace_quick_traces_every_step_and_resumes_without_a_duplicate(tmp_p
 
 def test_gpu_ladder_guarded_script_runs_its_quick_mode_on_cpu(tmp_path):
     """`scripts/gpu_ladder_guarded.sh --quick` on the CPU: an OR1 run and a GRPOTrainer run of the tiny model at once,
-    1 step each; the summary says both finished at step 1, the OR1 run's sentinel counted nothing, GRPOTrainer has no
-    sentinel, no non-finite value at sampling, and the guard had nothing to do (no CUDA device)."""
-    gpu_script_quick("gpu_ladder_guarded.sh", tmp_path)
+    1 step each, as the control (`GUARD=off`: `nan_trace.py --no-guard`, the guard switched off in both; with it on,
+    `test_nan_trace_quick_traces_every_step_and_resumes_without_a_duplicate` sees "no CUDA device"); the summary says both finished at step 1, the OR1 run's
+    sentinel counted nothing, GRPOTrainer has no sentinel, and no non-finite value at sampling."""
+    gpu_script_quick("gpu_ladder_guarded.sh", tmp_path, GUARD="off")
     summary = {row["arm"]: row for row in json.loads((tmp_path / "out" / "summary.json").read_text())}
     assert set(summary) == {"or1", "grpo"}
     for arm, row in summary.items():
         assert (row["exit_status"], row["ended"], row["assert"], row["step_reached"]) == (0, "finished", None, 1)
         assert row["sampling_nonfinite_scores"] == row["sampling_invalid_probs"] == row["nonfinite_weights"] == 0
-        assert row["guard_acted"] is False and row["guard_reason"] == "no CUDA device"
+        assert row["guard_acted"] is False and row["guard_reason"] == "cudnn_sdpa_guard=False"
     assert summary["or1"]["nonfinite_steps"] == summary["or1"]["nonfinite_grads"] == 0
     assert summary["grpo"]["nonfinite_steps"] is None
     assert "0 of 2 runs died; 2 reached step 1" in (tmp_path / "out" / "summary.txt").read_text()

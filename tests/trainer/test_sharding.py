@@ -153,7 +153,7 @@ def assert_same_training(run: dict[int, dict], reference: dict[int, dict]):
 def assert_step_2_not_applied(run: dict[int, dict], log_history: list[dict]):
     """Step 2 (its gradient of `NAN_PARAM` NaN on the last rank, `sharded_run.plant_nan`) left weights, moments, Adam's
     step counts and the learning rate exactly as step 1 left them, on every rank; the sentinel counted one non-finite
-    gradient (the one parameter on the one rank), and no weight is ever non-finite."""
+    gradient (the one parameter, seen on one rank or, averaged by DDP, on all), and no weight is ever non-finite."""
     before, after = run[1], run[2]
     for key in ("params", "exp_avg", "exp_avg_sq"):
         assert largest_difference(after[key], before[key]) == 0.0, key
