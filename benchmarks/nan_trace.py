@@ -153,7 +153,7 @@ class Trace(TrainerCallback):
         s = row["sampling"]
         print(f"step {row['step']}: {row['step_s']:.0f} s, reward {row['reward']:.3f}, length "
               f"{row['completions/mean_length']:.1f}; sentinel {row['nonfinite_steps']} steps / "
-              f"{row['nonfinite_grads']} grad / {row['nonfinite_losses']} loss values; sampling "
+              f"{row['nonfinite_grads']} gradients / {row['nonfinite_losses']} losses; sampling "
               f"{s['nonfinite_scores']} non-finite scores, {s['invalid_probs']} invalid probs over {s['positions']} "
               f"rows, max top-1 {figure(s['max_top1'])}, min entropy {figure(s['min_entropy'])}; non-finite weights "
               f"{weights}", file=sys.stderr, flush=True)
