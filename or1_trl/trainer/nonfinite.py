@@ -125,7 +125,7 @@ class NonFiniteSentinel(TrainerCallback):
         if self._sums is None:
             return
         self._sums[-1] += gradient_sum(loss)
-        if self._hooks or not self.trainer.accelerator.sync_gradients:
+        if _is_deepspeed(self.trainer.accelerator) or not self.trainer.accelerator.sync_gradients:
             return
         local = [(index, param.grad) for index, param in enumerate(self._params)
                  if param.grad is not None and not isinstance(param.grad, DTensor)]
