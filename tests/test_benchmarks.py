@@ -156,18 +156,28 @@ def test_update_readme_refuses_a_page_without_the_block(tmp_path):
 
 def test_quick_generation_benchmark_measures_both_backends(tmp_path):
     """HF generate vs the vLLM server (needs the vLLM CPU venv; required in CI): both rows measured, the ratio is
-    the ratio of the two rates, and the disk sync of the tiny model is timed phase by phase, full and LoRA."""
+    the ratio of the two rates; each seeded as `rollout_seed` seeds it, its cost the ratio of the paired seconds; and the disk sync of the tiny model is timed phase by phase, full and LoRA."""
     from or1_trl.generation.disk_sync import SYNC_PHASES
 
     text, figures = run_benchmark(tmp_path, "generation.py", needs_vllm=True)
-    hf, vllm = figures["throughput"]  # --quick: the tiny model only
-    assert (hf["backend"], vllm["backend"]) == ("HF generate", "vLLM server") and hf["vs_hf"] == 1.0
-    assert vllm["vs_hf"] == vllm["completions_per_s"] / hf["completions_per_s"]
-    for row in (hf, vllm):  # exactly 4 tokens per completion, 16 prompts × 8
+    rows = {row["backend"]: row for row in figures["throughput"]}  # --quick: the tiny model only
+    assert list(rows) == ["HF generate", "HF generate, seeded", "vLLM server", "vLLM server, seeded"]
+    hf, vllm = rows["HF generate"], rows["vLLM server"]
+    assert hf["vs_hf"] == 1.0 and vllm["vs_hf"] == vllm["completions_per_s"] / hf["completions_per_s"]
+    for row in rows.values():  # exactly 4 tokens per completion, 16 prompts × 8
         assert row["model"] == "tiny" and row["tokens"] == 4 * 16 * 8
         assert row["tokens_per_s"] == row["tokens"] / row["seconds"]
         assert (f"| tiny (test model) | 4 | {row['backend']} | {row['completions_per_s']:.1f} | "
                 f"{row['tokens_per_s']:.0f} | {row['vs_hf']:.2f}x |") in text
+    # paired rollouts: seeded ÷ unseeded seconds of the same rep (1 rep in --quick), against the timed rows
+    paired = {row["backend"]: row for row in figures["paired"]}
+    assert list(paired) == ["HF generate", "vLLM server"]
+    for plain, row in paired.items():
+        seeded_row = rows[f"{plain}, seeded"]
+        assert row["seeded_over_unseeded"] == [row["median"]] == [seeded_row["seconds"] / rows[plain]["seconds"]]
+        verdict = "" if plain == "HF generate" else " (met)" if row["median"] <= 1.1 else " (**missed**)"
+        assert (f"- tiny (test model), 4 tokens, {plain}: {row['median']:.2f}×{verdict} (each pair: "
+                f"{row['median']:.2f})") in text
     # the sync table: per-phase seconds that sum to the push, the adapter far smaller than merged
     sync = {}
     for row in figures["sync"]:

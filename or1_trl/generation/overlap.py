@@ -38,6 +38,8 @@ from typing import Any
 
 from accelerate.utils import broadcast_object_list, gather_object
 
+from .seeded import next_step_request
+
 THREAD_NAME = "or1-rollout"
 PREFIX = "async"
 
@@ -338,6 +340,7 @@ class OverlappedRollouts:
         if self.prefetch.pending:  # a rollout no step asked for (the data or the sampling changed): discarded
             self.prefetch.drain()
         request = {"prompts": prompt_ids[::num_generations], "features": None, **self._sampling}
+        request = next_step_request(request, step=version + 1)  # paired rollouts: keyed for the step that trains on it
         self._pending_request = request
         self.prefetch.submit(version, self._background.generate, **request)
 

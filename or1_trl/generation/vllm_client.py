@@ -16,6 +16,7 @@ from __future__ import annotations
 from transformers.utils import logging
 from trl.generation.vllm_client import VLLMClient
 
+from . import seeded
 from .serve import authorize, resolve_api_key, wait_for_health
 from .server_health import ServerWatch, mount_retries
 
@@ -62,6 +63,11 @@ class OR1VLLMClient(VLLMClient):
         super().check_server(total_timeout, retry_interval)
 
     def generate(self, *args, **kwargs):
+        """TRL's `generate`; a request keyed for paired rollouts (`seeded.KEY_FIELD` in `generation_kwargs`, set by
+        `OR1Trainer` with `rollout_seed`) goes out as one seeded request per prompt (`seeded.seeded_requests`), all
+        asked again together if the server fails."""
+        if seeded.KEY_FIELD in (kwargs.get("generation_kwargs") or {}):
+            return self._watched(seeded.seeded_requests, super().generate, *args, **kwargs)
         return self._watched(super().generate, *args, **kwargs)
 
     def chat(self, *args, **kwargs):

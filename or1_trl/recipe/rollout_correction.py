@@ -211,7 +211,11 @@ class RolloutCorrection:
         self.watch = MismatchWatch(mode, cap, settings=settings or {})
 
     @classmethod
-    def for_config(cls, args) -> "RolloutCorrection":
+    def for_config(cls, args, use_vllm: bool) -> "RolloutCorrection | None":
+        """The correction of an `OR1Config`'s run; `None` unless the MAGIC recipe samples with vLLM (HF `generate`
+        samples from the trainer's own weights: there is no generator to correct toward)."""
+        if args.recipe != "magic" or not use_vllm:
+            return None
         return cls(args.rollout_correction, args.rollout_correction_cap, settings={
             "rollout_correction": args.rollout_correction, "rollout_correction_cap": args.rollout_correction_cap,
             "vllm_importance_sampling_mode": args.vllm_importance_sampling_mode})

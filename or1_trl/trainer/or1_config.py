@@ -76,6 +76,7 @@ TRL_BEHAVIOUR = {
     "rollout_correction_cap": DEFAULT_CAP,
     "async_generation": False,
     "max_staleness": 1,
+    "rollout_seed": None,
     "vllm_weight_sync": None,  # TRL's `VLLMGeneration` (an `OR1Config` resolves None in `__post_init__`)
     "vllm_sync_dtype": "server",
     "vllm_sync_dir": None,
@@ -250,6 +251,14 @@ class OR1Config(GRPOConfig):
         max_staleness (`int`, *optional*, defaults to `1`):
             With `async_generation`: the most updates between the weights that generated a rollout and the update
             that trains on it (logged as `async/staleness`); a staler rollout is an error. At least 1.
+        rollout_seed (`int` or `None`, *optional*, defaults to `None`):
+            Paired rollouts (`or1_trl/generation/seeded.py`, `docs/reproducible_runs.md`): every sample's randomness
+            is a function of this seed, the global step, the prompt and the sample's index, not of the batch it
+            travels in, the rank, the server's other requests or its restarts. Two runs of one config with one seed
+            draw the same completions; two configs with one seed share their random numbers (common random numbers),
+            which makes a comparison of them far less noisy. On the vLLM server (`vllm_mode="server"`: one seeded
+            request per prompt) and on TRL's HF `generate` path (Gumbel-max with counter-based noise); not with
+            in-process vLLM (`vllm_mode="colocate"`) or continuous batching. `None`: TRL's sampling.
 
         > Parameters that control the vLLM server's weight sync (only used when `use_vllm=True, vllm_mode="server"`)
 
@@ -491,6 +500,12 @@ class OR1Config(GRPOConfig):
         metadata={"help": "With async_generation: the most updates a rollout may lag the update that trains on it "
                   "(>= 1; a staler one is an error)."},
     )
+    rollout_seed: int | None = field(
+        default=None,
+        metadata={"help": "Paired rollouts: each sample's randomness is a function of this seed, the step, the prompt "
+                  "and the sample's index (the vLLM server or HF generate). Two runs with one seed draw the same "
+                  "completions; two configs share their random numbers. Unset: TRL's sampling."},
+    )
 
     # Parameters that control the vLLM server's weight sync (only used when `use_vllm=True, vllm_mode="server"`)
     vllm_weight_sync: str | None = choice_field(None, WEIGHT_SYNC_BACKENDS, help=(
@@ -721,6 +736,19 @@ class OR1Config(GRPOConfig):
                              f"{self.rollout_correction!r} turns off: set "
                              "rollout_correction='geo_mask_token_truncate' or 'token_truncate'.")
 
+    def _validate_rollout_seed(self):
+        if self.rollout_seed is None:
+            return
+        if not isinstance(self.rollout_seed, int) or self.rollout_seed < 0:
+            raise ValueError(f"rollout_seed={self.rollout_seed!r}: a non-negative integer, or None (TRL's sampling).")
+        if self.use_vllm and self.vllm_mode != "server":
+            raise ValueError(f"rollout_seed seeds each prompt's samples on a vLLM server or in HF generate; this run "
+                             f"has use_vllm=True, vllm_mode={self.vllm_mode!r}: set vllm_mode='server' (or1-trl "
+                             "serve), use_vllm=False, or rollout_seed=None.")
+        if getattr(self, "use_transformers_continuous_batching", False):
+            raise ValueError("rollout_seed does not seed transformers' continuous batching: set "
+                             "use_transformers_continuous_batching=False or rollout_seed=None.")
+
     @property
     def stage_list(self) -> list[Stage]:
         """`stages` as `Stage` objects (empty without stages)."""
@@ -841,6 +869,7 @@ class OR1Config(GRPOConfig):
                     "covers every token, not the selected ones. Use top_entropy_normalization='all', or beta=0.0."
                 )
         self._validate_async_generation()
+        self._validate_rollout_seed()
         departures = self.magic_departures()
         if departures:
             warnings.warn(f"not the paper's objective: {'; '.join(departures)}.", UserWarning, stacklevel=3)

@@ -26,8 +26,8 @@ One step k = one generation batch, on-policy; each hook wraps TRL's (super(), th
    (`trainer/sharding.py`; counted, warned about); so is a step whose gradients hold NaN/inf on any rank (the
    **non-finite sentinel**, `trainer/nonfinite.py`; several in a row stop the run with a checkpoint). With
    `_generate`, `_calculate_rewards`, `_prepare_inputs` it times the step's phases (`observability.RunWatch`).
-   With `async_generation`, `_generate` and `get_batch_samples` hand the one-step-off rollouts to
-   `generation/overlap.OverlappedRollouts`. `_generate_single_turn`: NaN/inf logits stop the run (`finite_logits`).
+   `_generate`: paired rollouts (`rollout_seed`, `generation/seeded.py`); one-step-off ones, with `get_batch_samples`
+   (`async_generation`, `generation/overlap.py`); `_generate_single_turn`: NaN/inf logits stop it (`finite_logits`).
 
 Patches, each scoped and commented where it is made, are listed in docs/architecture.md ("Process-wide patches").
 Not scoped: on Hopper GPUs, PyTorch's cuDNN SDPA backend off for the process (`__init__`, `attention_guard.py`).
@@ -49,7 +49,7 @@ from trl.trainer.utils import get_config_model_id
 from ..data.released import released_format_inputs
 from ..eval import model_card
 from ..eval.evaluation import group_pass_at_k
-from ..generation import finite_logits
+from ..generation import finite_logits, seeded
 from ..generation.overlap import OverlappedRollouts
 from ..generation.vllm_generation import generation_backend
 from ..recipe.advantages import leave_group_statistics, zero_truncated
@@ -130,9 +130,9 @@ class OR1Trainer(GRPOTrainer):
         self._watch = RunWatch.attach(self, args, sink=self._log_metrics)  # time split, final state, warnings
         self.update_skip = sharding.attach(self)  # the backend asked for, or one line; skipped updates (`sharding.py`)
         self.sentinel = nonfinite.attach(self, stop_after=args.nonfinite_stop_after)  # NaN/inf never applied
-        magic_on_vllm = args.recipe == "magic" and self.use_vllm
-        self._rollout_correction = RolloutCorrection.for_config(args) if magic_on_vllm else None
+        self._rollout_correction = RolloutCorrection.for_config(args, use_vllm=self.use_vllm)  # MAGIC on vLLM only
         self._overlap = OverlappedRollouts.for_trainer(self) if args.async_generation else None  # one-step-off
+        self.rollout_seeds = seeded.RolloutSeeds.for_trainer(self)  # paired rollouts (`rollout_seed`)
         if self._stages:  # the sampler's own resume, each stage's end, every stage fits vLLM
             self._stages.attach(self)
         self._warn(*changed_defaults(args))  # what OR1Config changes of GRPOConfig's defaults, said once
@@ -357,10 +357,10 @@ class OR1Trainer(GRPOTrainer):
         regular = overlap is not None and overlap.before_generation(self.state.global_step, self._last_loaded_step)
         # vLLM server down past `vllm_server_timeout`: a complete checkpoint, then one line (`server_health.py`)
         with self._watch.timed("rollout", self.model.training), checkpoint.stop_with_checkpoint(self):
-            output = super()._generate(prompts)
+            output = self.rollout_seeds.generate(self, lambda: super(OR1Trainer, self)._generate(prompts))
             if regular:
-                end = self._stages.current.until_step if self._stages.current is not None else self.state.max_steps
-                self._log_metrics(overlap.request_next(self.state.global_step, end_step=end,
+                self._log_metrics(overlap.request_next(self.state.global_step,
+                                                       end_step=self._stages.end_step(self.state.max_steps),
                                                        tokenize=self._tokenize_prompts,
                                                        num_generations=self.num_generations))
         return output

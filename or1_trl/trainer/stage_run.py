@@ -123,6 +123,10 @@ class StageRun:
         """The current stage's index (0 before any and without stages: one stage)."""
         return self.current.index if self.current is not None else 0
 
+    def end_step(self, max_steps: int) -> int:
+        """The global step the current stage ends at (`max_steps` without stages)."""
+        return self.current.until_step if self.current is not None else max_steps
+
     def index_at(self, step: int) -> int:
         """Index of the stage that trains optimizer step `step + 1`."""
         return stage_index(self.stages, step)
