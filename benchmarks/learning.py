@@ -169,10 +169,11 @@ import sys
 import tempfile
 import time
 
-from learning_arms import LADDER, LADDER_ARMS, LADDER_QUICK, LADDER_QUICK_ARMS, SERVER_ARMS, TOYS
-from learning_report import ladder_markdown, ladder_plot, markdown
-from learning_runner import (LADDER_RESULTS, LADDER_RESULTS_SUFFIX, cached_json, ladder_plan, load_results,
-                             result_path, run, run_ladder, stop_server_at_exit)
+from learning_arms import (LADDER, LADDER_ARMS, LADDER_QUICK, LADDER_QUICK_ARMS, PAIRING, PAIRING_QUICK, PAIRING_SEEDS,
+                           SERVER_ARMS, TOYS, pairing_plan, pairing_rollout_seed)
+from learning_report import ladder_markdown, ladder_plot, markdown, pairing_markdown
+from learning_runner import (LADDER_RESULTS, LADDER_RESULTS_SUFFIX, PAIRING_RESULTS, cached_json, ladder_plan,
+                             load_results, result_path, run, run_ladder, stop_server_at_exit)
 
 
 def ladder_main(args) -> dict:
@@ -213,6 +214,40 @@ def ladder_main(args) -> dict:
     return results
 
 
+def pairing_main(args) -> dict:
+    """`--pairing`: the runs of the pairing experiment not finished yet (`learning_arms.pairing_plan`), each writing
+    its result when it ends, on one vLLM CPU server; then the block from every finished run."""
+    from or1_trl.files import write_json_atomic
+    from or1_trl.models import model_folder
+
+    settings = dataclasses.replace(PAIRING_QUICK if args.quick else PAIRING, generation=args.generation)
+    seeds = args.seeds if args.seeds is not None else (1 if args.quick else PAIRING_SEEDS)
+    with contextlib.ExitStack() as stack:
+        results_dir = args.results or (stack.enter_context(tempfile.TemporaryDirectory(prefix="or1-pairing-"))
+                                       if args.quick else PAIRING_RESULTS)
+        os.makedirs(results_dir, exist_ok=True)
+        paths = {run: os.path.join(results_dir, "{}-{}-seed{}.json".format(run[0], run[2], run[1]))
+                 for run in pairing_plan(seeds, args.first_seed)}
+        todo = [(arm, seed, pairing_rollout_seed(seed, mode), path) for (arm, seed, mode), path in paths.items()
+                if not os.path.exists(path)]
+        regime_path, start_path = (os.path.join(results_dir, name) for name in ("regime.json", "start.json"))
+        if todo and not args.report_only:
+            run_ladder(todo, settings, results_dir, regime_path, start_path, stack, model_folder("smollm2"),
+                       write_json_atomic)
+        results = {}
+        for run, path in paths.items():
+            if os.path.exists(path):
+                result = cached_json(path, None)
+                if result["settings"] != dataclasses.asdict(settings):
+                    sys.exit(f"{path} was measured with other settings: use another --results folder")
+                results[run] = result
+        block = pairing_markdown(results, settings, args.quick)
+    print("\n" + block)
+    if args.markdown:
+        pathlib.Path(args.markdown).write_text(block)
+    return results
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=None,
@@ -231,9 +266,15 @@ def main(argv=None):
                         help="--ladder: 'vllm', every arm on one bf16 vLLM CPU server (default); 'hf', HF generate in "
                         "each trainer and for the evaluations, on the GPU where there is one (results in "
                         f"{LADDER_RESULTS}{LADDER_RESULTS_SUFFIX['hf']})")
+    parser.add_argument("--pairing", action="store_true",
+                        help="the pairing experiment (issue 48): or1 against or1_no_rejection on the ladder, 12 steps, "
+                        f"{PAIRING_SEEDS} seed pairs with common random numbers and {PAIRING_SEEDS} without, one A/A "
+                        f"pair (results in {PAIRING_RESULTS})")
     parser.add_argument("--plot", metavar="PNG", help="--ladder: also draw the arms' held-out curves into PNG")
     parser.add_argument("--report-only", action="store_true", help="--ladder: run nothing, report what finished")
     args = parser.parse_args(argv)
+    if args.pairing:
+        return pairing_main(args)
     if args.ladder:
         return ladder_main(args)
     seeds = list(range(args.first_seed, args.first_seed + (1 if args.quick else args.seeds or 5)))

@@ -4,6 +4,7 @@ configs and the 1-shot datasets."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 from dataclasses import dataclass
@@ -156,6 +157,31 @@ LADDER_QUICK = LadderSettings(steps=2, target=0.5, eval_every=1, samples=2, trai
                               one_shot_rows=8)
 
 
+#: The pairing experiment (`--pairing`, issue 48): what common random numbers buy. One A/B pair of the ladder's arms,
+#: 12 steps, held-out evaluations every 3 (72 held-out prompts: 12 per rung), `PAIRING_SEEDS` seed pairs with the
+#: rollouts seeded alike (`rollout_seed` = `PAIRING_ROLLOUT_SEED` + seed, both arms: "crn") and as many unseeded
+#: ("plain"), and one A/A pair (arm A again, "crn", seed 0).
+PAIRING = LadderSettings(steps=12, target=0.6, eval_every=3, samples=4, train_per_rung=10, held_out_per_rung=12)
+PAIRING_QUICK = dataclasses.replace(LADDER_QUICK, steps=2)
+PAIRING_ARMS = ("or1", "or1_no_rejection")
+PAIRING_SEEDS = 4
+PAIRING_ROLLOUT_SEED = 1000
+PAIRING_GOAL = 2.0  # SD of the paired AUC difference without common random numbers ÷ with them: at least this
+
+
+def pairing_plan(seeds: int, first_seed: int = 0) -> list[tuple[str, int, str]]:
+    """`(arm, seed, mode)` runs, seed-major (every run of a seed before the next seed: the same load for all); mode
+    "crn", "plain", or "crn_again" (the A/A run: arm A, seed `first_seed`, "crn" again), which comes first."""
+    plan = [(PAIRING_ARMS[0], first_seed, "crn_again")]
+    for seed in range(first_seed, first_seed + seeds):
+        plan += [(arm, seed, mode) for mode in ("crn", "plain") for arm in PAIRING_ARMS]
+    return plan
+
+
+def pairing_rollout_seed(seed: int, mode: str) -> int | None:
+    return None if mode == "plain" else PAIRING_ROLLOUT_SEED + seed
+
+
 def ladder_data(settings: LadderSettings):
     """`(training prompts, held-out prompts)` of the ladder: the fixed split (`LADDER_SPLIT_SEED`), every rung, with
     `answer` and `prompt_id` (the training set without `rung`)."""
@@ -165,14 +191,16 @@ def ladder_data(settings: LadderSettings):
     return train.remove_columns("rung"), held_out
 
 
-def ladder_config(arm: str, seed: int, output_dir: str, settings: LadderSettings, url: str | None):
+def ladder_config(arm: str, seed: int, output_dir: str, settings: LadderSettings, url: str | None,
+                  rollout_seed: int | None = None):
     """The arm's config: the OR1 arms `real_model.demo_config` (MAGIC defaults, the demo's shape and stages) with the
-    arm's change; `grpo` a `GRPOConfig` with its defaults but the OR1 arm's learning rate and (constant) schedule,
-    batch, group size, precision and final context, generating on the same server (`url`; None: HF `generate` in the
-    trainer, on the GPU where there is one)."""
+    arm's change and `rollout_seed` (paired rollouts; `None`: unseeded); `grpo` a `GRPOConfig` with its defaults but
+    the OR1 arm's learning rate and (constant) schedule, batch, group size, precision and final context, generating on
+    the same server (`url`; None: HF `generate` in the trainer, on the GPU where there is one)."""
     from or1_trl.demos.real_model import demo_config
 
-    or1 = demo_config(output_dir, settings.steps, seed, url, prompt_id_column="prompt_id", **OR1_ARMS.get(arm, {}))
+    or1 = demo_config(output_dir, settings.steps, seed, url, prompt_id_column="prompt_id", rollout_seed=rollout_seed,
+                      **OR1_ARMS.get(arm, {}))
     if arm != "grpo":
         return or1
     return GRPOConfig(**dict(

@@ -331,3 +331,78 @@ def ladder_plot(results: dict, settings: LadderSettings, path: str) -> None:
     axes[0].legend(loc="lower right", fontsize=7)
     axes[2].legend(loc="upper right", fontsize=7)
     fig.savefig(path, dpi=120)
+
+
+# --- The pairing experiment (`--pairing`, issue 48) ------------------------------------------------------------------
+def run_auc(result: dict) -> float:
+    """A run's held-out AUC: the mean held-out avg@k over the run (trapezoid over its evaluations)."""
+    from or1_trl.eval.paired import held_out_auc
+
+    return held_out_auc([(p["step"], p["accuracy"]) for p in result["curve"]])
+
+
+def step_coupling(a: dict, b: dict) -> list[float]:
+    """Per training step (0-based, in order), the share of the step's own rollout that runs `a` and `b` drew alike."""
+    from or1_trl.eval.paired import identical_fraction
+
+    steps = sorted(set(a["rollout_digests"]) & set(b["rollout_digests"]), key=int)
+    return [identical_fraction(a["rollout_digests"][s], b["rollout_digests"][s]) for s in steps]
+
+
+def sd_ratio_interval(plain: list[float], crn: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """SD(plain) / SD(crn) and its interval from the F distribution (normal differences assumed): with n pairs per
+    mode the ratio of two sample variances is F(n − 1, n − 1)-distributed around the true ratio."""
+    from scipy import stats
+
+    ratio = statistics.stdev(plain) / statistics.stdev(crn)
+    dfn, dfd = len(plain) - 1, len(crn) - 1
+    upper_f, lower_f = stats.f.ppf((1 + confidence) / 2, dfn, dfd), stats.f.ppf((1 - confidence) / 2, dfn, dfd)
+    return ratio, ratio / math.sqrt(upper_f), ratio / math.sqrt(lower_f)
+
+
+def pairing_markdown(results: dict, settings: LadderSettings, quick: bool) -> str:
+    """The pairing experiment's block: every seed pair's AUCs and difference per mode, the paired comparison of each
+    mode, what pairing buys (SD of the differences, plain ÷ crn, against `PAIRING_GOAL`), the coupling checks."""
+    from learning_arms import PAIRING_ARMS, PAIRING_GOAL
+    from or1_trl.eval.paired import compare_paired
+
+    a_arm, b_arm = PAIRING_ARMS
+    device = next(iter(results.values()))["device"] if results else "?"
+    lines = [f"Paired rollouts, `python benchmarks/learning.py --pairing{' --quick' if quick else ''}` (A = `{a_arm}`, "
+             f"B = `{b_arm}`; {settings.steps} steps; held-out AUC = mean held-out avg@{settings.samples} over the run, "
+             f"trapezoid over evaluations every {settings.eval_every} steps, {6 * settings.held_out_per_rung} held-out "
+             f"prompts; \"crn\": both arms' rollouts seeded alike, `rollout_seed` = 1000 + seed; \"plain\": unseeded; "
+             f"trainers on {device}):", "",
+             "| mode | seed | AUC A | AUC B | B − A | completions drawn alike by A and B, per step |",
+             "|---|---:|---:|---:|---:|---|"]
+    differences: dict[str, list[float]] = {}
+    for mode in ("crn", "plain"):
+        seeds = sorted(seed for arm, seed, m in results if m == mode and arm == a_arm and (b_arm, seed, mode) in results)
+        aucs_a = [run_auc(results[(a_arm, seed, mode)]) for seed in seeds]
+        aucs_b = [run_auc(results[(b_arm, seed, mode)]) for seed in seeds]
+        for seed, x, y in zip(seeds, aucs_a, aucs_b):
+            coupling = step_coupling(results[(a_arm, seed, mode)], results[(b_arm, seed, mode)])
+            lines.append(f"| {mode} | {seed} | {x:.3f} | {y:.3f} | {y - x:+.3f} | "
+                         f"{' '.join(f'{c:.2f}' for c in coupling)} |")
+        differences[mode] = [y - x for x, y in zip(aucs_a, aucs_b)]
+        if seeds:
+            lines.append("")
+            lines.append(f"- {mode}: " + compare_paired(aucs_a, aucs_b).summary())
+            lines.append("")
+    crn, plain = differences.get("crn", []), differences.get("plain", [])
+    if len(crn) >= 2 and len(plain) >= 2 and statistics.stdev(crn) > 0:
+        ratio, low, high = sd_ratio_interval(plain, crn)
+        verdict = "met" if ratio >= PAIRING_GOAL else "**missed**"
+        lines.append(f"- What pairing buys: SD of B − A {statistics.stdev(plain):.4f} without common random numbers, "
+                     f"{statistics.stdev(crn):.4f} with them: {ratio:.2f}× smaller (goal ≥ {PAIRING_GOAL:g}×: "
+                     f"{verdict}; F-interval 95% {low:.2f}× to {high:.2f}×, {len(plain)} and {len(crn)} pairs).")
+    again = [(seed, r) for (arm, seed, mode), r in results.items() if mode == "crn_again"]
+    for seed, rerun in again:
+        first = results.get((a_arm, seed, "crn"))
+        if first is not None:
+            coupling = step_coupling(first, rerun)
+            same = all(c == 1.0 for c in coupling) and run_auc(first) == run_auc(rerun)
+            lines.append(f"- Coupling, A/A (`{a_arm}` seed {seed} twice, one `rollout_seed`): completions alike per "
+                         f"step {' '.join(f'{c:.2f}' for c in coupling)}; AUC {run_auc(first):.4f} and "
+                         f"{run_auc(rerun):.4f}: {'identical' if same else '**not identical**'}.")
+    return "\n".join(lines) + "\n"

@@ -36,7 +36,8 @@ SERVER: dict = {}  # the one server of a run: {"url": ..., "process": ...}, star
 
 
 def counting(cls):
-    """`cls` that counts the completion tokens it generates (refills included)."""
+    """`cls` that counts the completion tokens it generates (refills included) and keeps a digest of each completion
+    of every training step's own rollout (its first generation at that step): `bench_digests[step]`."""
 
     class Counting(cls):
         bench_tokens = 0
@@ -44,10 +45,22 @@ def counting(cls):
         def _generate(self, prompts):
             out = super()._generate(prompts)
             self.bench_tokens += sum(len(ids) for ids in out[1])
+            if self.model.training:
+                digests = getattr(self, "bench_digests", None)
+                if digests is None:
+                    digests = self.bench_digests = {}
+                digests.setdefault(self.state.global_step, [completion_digest(ids) for ids in out[1]])
             return out
 
     Counting.__name__ = f"Counting{cls.__name__}"
     return Counting
+
+
+def completion_digest(token_ids) -> str:
+    """8 hex digits of a completion's token ids: equal for equal completions (to compare two arms' rollouts)."""
+    import hashlib
+
+    return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()[:8]
 
 
 def starting_model(toy: Toy, seed: int, workdir: str, sft_steps: int, cache: dict):
@@ -142,6 +155,7 @@ def run(toy: Toy, arm: str, seed: int, workdir: str, cache: dict, quick: bool) -
 # ---------------------------------------------------------------------------------------------------------------------
 
 LADDER_RESULTS = "benchmarks/results/learning_ladder"
+PAIRING_RESULTS = "benchmarks/results/learning_pairing"
 LADDER_RESULTS_SUFFIX = {"vllm": "", "hf": "-hf"}  # two generation backends never mix in one results folder
 
 
@@ -152,9 +166,10 @@ LOG_KEYS = ("entropy", "entropy/measured", "entropy/target", "entropy_coef", "en
 
 
 def ladder_run(arm: str, seed: int, settings: LadderSettings, url: str | None, folder: str, workdir: str,
-               results_dir: str, start: dict) -> dict:
-    """One (arm, seed) run of the ladder on the server at `url` (None: HF `generate` in the trainer); returns its
-    result (also written by the caller)."""
+               results_dir: str, start: dict, rollout_seed: int | None = None) -> dict:
+    """One (arm, seed) run of the ladder on the server at `url` (None: HF `generate` in the trainer), its rollouts
+    seeded with `rollout_seed` (paired rollouts; `None`: unseeded); returns its result (also written by the
+    caller)."""
     from transformers import AutoTokenizer
 
     from or1_trl.generation.vllm_generation import generation_backend
@@ -165,7 +180,7 @@ def ladder_run(arm: str, seed: int, settings: LadderSettings, url: str | None, f
     if arm in ONE_SHOT_ARMS:
         train, selection = one_shot_dataset(arm, seed, train, results_dir, settings.one_shot_rows)
     output_dir = os.path.join(workdir, f"{arm}-{seed}")
-    config = ladder_config(arm, seed, output_dir, settings, url)
+    config = ladder_config(arm, seed, output_dir, settings, url, rollout_seed=rollout_seed)
     trainer_ref: list = []
     evaluator = LadderEvaluation(trainer_ref, url, ladder_problems(held_out), settings, start)
     cls = counting(GRPOTrainer if arm == "grpo" else OR1Trainer)
@@ -220,6 +235,8 @@ def ladder_run(arm: str, seed: int, settings: LadderSettings, url: str | None, f
         "collapse_warning_step": evaluator.collapse_warning_step,
         "collapse_warned": bool(watch is not None and watch._warned_collapse),
         "trainer_pushes": pushes,
+        "rollout_seed": rollout_seed,
+        "rollout_digests": {str(step): rows for step, rows in getattr(trainer, "bench_digests", {}).items()},
         "selection": selection,
         "loads": evaluator.loads, "total_s": time.perf_counter() - began,
     }
@@ -312,11 +329,14 @@ def run_ladder(todo, settings, results_dir, regime_path, start_path, stack, fold
         del model, backends  # each run loads its own
     print(f"starting model: held-out avg@{settings.samples} {start['accuracy']:.3f}, greedy {start['greedy']:.3f}",
           file=sys.stderr, flush=True)
-    for arm, seed in todo:
-        print(f"[{time.perf_counter() - started:6.0f} s] ladder {arm} seed {seed} ...", file=sys.stderr, flush=True)
-        r = ladder_run(arm, seed, settings, url, folder, workdir, results_dir, start)
-        write_json_atomic(result_path(results_dir, arm, seed), r)
-        print(f"[{time.perf_counter() - started:6.0f} s] ladder {arm} seed {seed}: "
+    for item in todo:  # (arm, seed), or (arm, seed, rollout_seed, result path) for the pairing experiment
+        arm, seed, *paired = item
+        rollout_seed, path = paired if paired else (None, result_path(results_dir, arm, seed))
+        label = f"{arm} seed {seed}" + (f" (rollout_seed {rollout_seed})" if paired else "")
+        print(f"[{time.perf_counter() - started:6.0f} s] ladder {label} ...", file=sys.stderr, flush=True)
+        r = ladder_run(arm, seed, settings, url, folder, workdir, results_dir, start, rollout_seed=rollout_seed)
+        write_json_atomic(path, r)
+        print(f"[{time.perf_counter() - started:6.0f} s] ladder {label}: "
               f"{'reached' if r['reached'] else 'NOT reached'} at step {r['steps']}, {r['wall_s']:.0f} s, "
               f"{r['tokens']} tokens; held-out {r['start_accuracy']:.3f} -> {r['final_accuracy']:.3f} (greedy "
               f"{r['start_greedy']:.3f} -> {r['final_greedy']:.3f}); training entropy {r['train_entropy']:.3f}; "

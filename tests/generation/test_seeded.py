@@ -201,3 +201,36 @@ def test_one_step_off_rollouts_are_keyed_for_the_step_that_trains_on_them(vllm_s
         runs.append([(log[HASH], log["async/staleness"]) for log in trainer.state.log_history if HASH in log])
     assert runs[0] == runs[1]
     assert [staleness for _, staleness in runs[0]] == [0.0, 1.0, 1.0]
+
+
+def test_on_paired_rollouts_rejection_only_rescales_the_first_update(tmp_path):
+    """The mechanism behind pairing `or1` with `or1_no_rejection` (issue 48): on the same rollout (one `rollout_seed`,
+    the same starting weights) with the entropy term inactive (c_0 = 0) and on-policy (ratio 1, no clipping), groups
+    whose rewards are all equal have zero advantage and add nothing to the gradient, so dropping them (rejection
+    sampling) only changes the normaliser: the gradient is the same up to a positive scale (T over all tokens ÷ T
+    over the kept ones, before clipping; after, both are scaled to the clipping norm if above it). Adam's first step
+    is invariant to the gradient's scale (m̂ / √v̂ = g / |g| elementwise, up to ε = 1e-8), so both arms take the same
+    first update. Checked on the tiny model: two of the four groups all-equal (ALL, NONE)."""
+    deltas, logs = [], []
+    for name, rejection in (("or1", "compact"), ("or1_no_rejection", "off")):
+        model, tokenizer = tiny_model_and_tokenizer(seed=0)
+        start = {n: p.detach().clone() for n, p in model.named_parameters()}
+        args = OR1Config(**tiny_training_args(tmp_path / name, rollout_seed=1, max_steps=1, logging_steps=1,
+                                              learning_rate=1e-3, rejection_sampling=rejection,
+                                              per_device_train_batch_size=16))  # the 4 prompts in one step
+        trainer = OR1Trainer(model, ScriptedReward(), args=args, processing_class=tokenizer,
+                             train_dataset=tagged_dataset(["MIX", "ALL", "MIX", "NONE"]))
+        trainer.train()
+        kept = [log["rejection/kept_group_frac"] for log in trainer.state.log_history
+                if "rejection/kept_group_frac" in log]
+        assert kept == ([0.5] if rejection == "compact" else [])  # the two all-equal groups left or1's batch
+        deltas.append(torch.cat([(p.detach() - start[n]).flatten() for n, p in model.named_parameters()]))
+        logs.append(trainer.state.log_history[0])
+    assert logs[0][HASH] == logs[1][HASH]  # the same rollout
+    assert logs[0]["grad_norm"] > 1.5 * logs[1]["grad_norm"]  # the gradient rescaled (fewer tokens in T_k)...
+    with_rejection, without = deltas
+    assert with_rejection.abs().max() > 0.9e-3  # ...yet a real update, Adam's first: about lr per weight
+    assert torch.nn.functional.cosine_similarity(with_rejection, without, dim=0) > 0.9999
+    # nearly equal: the two batches differ in rows and padding, so their gradients differ at rounding level, which
+    # Adam's g / (|g| + ε) shows only where |g| is near ε
+    assert (with_rejection - without).abs().max() < 0.05e-3
