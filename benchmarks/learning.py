@@ -1,5 +1,5 @@
 """Learning efficiency: the OR1 recipe against TRL's GRPOTrainer, in steps, wall clock and generated tokens to an
-accuracy target on evaluation samples; 5 seeds per arm, bootstrap 95% intervals of the ratios.
+accuracy target on evaluation samples; 5 seeds per arm, each seed's value and paired t 95% intervals of the ratios.
 
     python benchmarks/learning.py [--seeds 5] [--toys plain magic] [--quick] [--markdown FILE]
 
@@ -26,7 +26,8 @@ Each seed s (0..4) builds its own starting model: the tiny model initialised wit
 `SFTTrainer`, `or1_trl.demos.tiny.warm_up`: batch 32, lr 3e-3, about 19 examples per addition problem: 60 steps for toy
 (i), 120 for toy (ii) whose SFT data also holds the copy prompts); both arms of a comparison start from that same
 model (saved once, loaded afresh per arm) and train with seed s (paired by seed). Ratios are OR1 / GRPO of the means
-over seeds; the interval is the 2.5–97.5% percentile of 10,000 paired bootstrap resamples of the seeds.
+over seeds, each seed's ratio given; the interval is the paired t 95% interval of the geometric mean ratio (a t
+interval of the seeds' log ratios; no bootstrap under 8 pairs: issue 48).
 
 Common RL settings (both arms): 16 prompts x 8 samples per optimizer step, learning rate 2e-4 with a constant
 schedule (the demo's; TRL's default is linear decay — both arms get the same schedule), temperature 1.0, no KL,
@@ -123,7 +124,9 @@ MAGIC's regime, with the paper's ablations, the 80/20 rule and 1-shot RLVR.
   0.5 × 0.2 for 10 steps, no controller) holds in each run's log (`GRPOTrainer` has no such warning), the 1-min load
   average every step.
 - Seeds 0, 1, 2 for `or1` and `grpo`, 0 and 1 for the others; paired by seed; ratios of the means over the common
-  seeds with 10,000 paired bootstrap resamples (95%), differences likewise.
+  seeds, each seed's value given, with paired t 95% intervals (of the log ratios for ratios) and exact sign-flip
+  tests (no bootstrap under 8 pairs: issue 48); the training rollouts are not seeded (a seed pairs the prompt
+  order and the trainer's randomness, not the samples): `--pairing` measures what seeding them buys.
 - Each (arm, seed) run writes `benchmarks/results/learning_ladder/<arm>-seed<s>.json` when it ends (and `or1` its
   `prompt_stats.jsonl`); a relaunch skips finished runs, so a stopped launch loses only the run in progress, and
   `--seeds N` adds seeds. One server per launch. The pilot below took 57 min for 48 steps

@@ -39,6 +39,7 @@ class Benchmark:
     args: tuple[str, ...]  # the documented settings
     quick: tuple[str, ...]  # seconds, for tests
     block: str = ""  # the block's name, where one script writes two blocks (default: `script`)
+    report: bool = False  # the block reports runs made earlier: their dates and load are in it, not this command's
 
     @property
     def marker(self) -> str:
@@ -62,7 +63,11 @@ BENCHMARKS = {
     # the runs finished so far, without running anything (the block says which runs and under what load they ran)
     "learning_ladder": Benchmark("benchmarks/learning.py",
                                  ("--ladder", "--report-only", "--plot", "docs/learning_ladder.png"),
-                                 ("--ladder", "--quick"), block="benchmarks/learning.py ladder"),
+                                 ("--ladder", "--quick"), block="benchmarks/learning.py ladder", report=True),
+    # what common random numbers buy (issue 48): its runs go in the background too (`learning.py --pairing`, results
+    # in benchmarks/results/learning_pairing)
+    "learning_pairing": Benchmark("benchmarks/learning.py", ("--pairing", "--report-only"), ("--pairing", "--quick"),
+                                  block="benchmarks/learning.py pairing", report=True),
     "rollout_correction": Benchmark("benchmarks/rollout_correction.py", (), ("--quick",)),
     "packing": Benchmark("benchmarks/packing.py", (), ("--quick",)),
     "async_generation": Benchmark("benchmarks/async_generation.py", (), ("--quick",)),
@@ -148,8 +153,10 @@ def run(name: str, quick: bool = False) -> str:
             body = f.read()
     command = shlex.join(["python", bench.script, *args])
     when = datetime.date.today().isoformat()
-    provenance = (f"_Measured {when} on {machine()}; 1-min load average up to {load:.1f} during the run; "
-                  f"`{command}`, written here by `python benchmarks/update_readme.py {name}"
+    where = ("_Reported {when} from the runs finished earlier (where, when and under what load they ran: in the "
+             "block); " if bench.report and not quick else
+             f"_Measured {when} on {machine()}; 1-min load average up to {load:.1f} during the run; ").format(when=when)
+    provenance = (f"{where}`{command}`, written here by `python benchmarks/update_readme.py {name}"
                   f"{' --quick` (numbers meaningless)' if quick else '`'}._")
     return f"{provenance}\n\n{body.strip()}\n"
 

@@ -86,11 +86,25 @@ def test_target_is_the_start_plus_the_gain_on_a_moving_mean():
     assert learning_report.target_reached(points(0.30, 0.31, 0.50, 0.30, 0.31), 0.10) is None
 
 
-def test_bootstrap_ratio_by_hand():
-    # Two seeds: resamples {0,0} -> 2/4, {1,1} -> 4/4, mixed -> 3/4 (probabilities 1/4, 1/4, 1/2).
-    ratio, low, high = learning_report.bootstrap_ratio([1.0, 2.0], [2.0, 2.0])
-    assert (ratio, low, high) == (0.75, 0.5, 1.0)
-    assert learning_report.bootstrap_ratio([3.0] * 5, [2.0] * 5) == (1.5, 1.5, 1.5)
+def t_interval_of_log_ratios(x, y):
+    """The paired t 95% interval of the geometric mean ratio x/y, from its formula (a plain reference)."""
+    import math
+
+    from scipy import stats
+
+    logs = [math.log(a / b) for a, b in zip(x, y)]
+    mean, n = sum(logs) / len(logs), len(logs)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in logs) / (n - 1))
+    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    return math.exp(mean - half), math.exp(mean + half)
+
+
+def test_ratio_summary_gives_every_seed_and_a_t_interval_not_a_bootstrap():
+    ratio, each, (low, high) = learning_report.ratio_summary([1.0, 2.0], [2.0, 2.0])
+    assert (ratio, each) == (0.75, [0.5, 1.0])
+    assert (low, high) == pytest.approx(t_interval_of_log_ratios([1.0, 2.0], [2.0, 2.0]), rel=1e-12)
+    assert low < 0.01 and high > 40  # two seeds: a t interval with one degree of freedom says how little they tell
+    assert learning_report.ratio_summary([3.0] * 5, [2.0] * 5) == (1.5, [1.5] * 5, pytest.approx((1.5, 1.5)))
 
 
 def test_arm_configs(tmp_path):
@@ -299,13 +313,13 @@ def test_one_shot_examples_come_from_the_or1_runs_statistics(tmp_path):
         learning_arms.one_shot_dataset("one_shot", 5, train, str(tmp_path), 16)
 
 
-def test_collapse_detector_and_bootstrap_difference_by_hand():
+def test_collapse_detector_and_paired_difference_by_hand():
     low = [(step, 0.05) for step in range(1, 13)]
     assert learning_report.collapse_detector(low) == 10  # EntropyWatch: 10 consecutive steps below 0.5 x 0.2
     assert learning_report.collapse_detector([(1, 0.05)] * 9 + [(10, 0.3)] + [(11, 0.05)] * 5) is None
     assert learning_report.collapse_detector([(s, float("nan")) for s in range(20)]) is None
-    # Two seeds, differences 1 and 3: resamples {0,0} -> 1, {1,1} -> 3, mixed -> 2.
-    assert learning_report.bootstrap_difference([2.0, 5.0], [1.0, 2.0]) == (2.0, 1.0, 3.0)
+    difference = learning_report.difference_summary([2.0, 5.0], [1.0, 2.0])  # x - y: 1 and 3
+    assert (difference.mean, difference.differences, difference.sign_flip_p) == (2.0, (1.0, 3.0), 0.5)
 
 
 def test_training_entropy_leaves_out_fully_rejected_steps():
@@ -359,14 +373,22 @@ def test_ladder_table_goals_and_resume_from_finished_results(tmp_path):
     assert {arm: sorted(seeds) for arm, seeds in results.items()} == {
         "grpo": [0, 1, 2], "or1": [0, 1, 2], "one_shot": [0, 1], "one_shot_random": [0, 1]}
     goals = {goal.split(" ")[0]: (met, figures) for goal, met, figures in learning_report.ladder_goals(results)}
-    # resamples of the 3 seeds: all seed 0 (1/27 > 2.5%) -> 50/100, all seed 2 -> 70/100
-    assert goals["`or1`"] == (True, "wall clock 0.60× (0.50–0.70); final accuracy +0.100 (+0.100 to +0.100)")
+    # seed by seed 50, 60, 70 s against 100 s; the interval from the t formula on the log ratios
+    low, high = t_interval_of_log_ratios([50.0, 60.0, 70.0], [100.0] * 3)
+    met, figures = goals["`or1`"]
+    assert met is (high < 1.0)
+    assert figures.startswith(f"wall clock 0.60× (per seed 0.50, 0.60, 0.70; paired t 95% {low:.2f}–{high:.2f}); final "
+                              "accuracy +0.100 (per seed +0.100, +0.100, +0.100; paired t 95% +0.100 to +0.100; "
+                              "sign-flip p = 0.25). What it measures: the cost of a step")
+    assert figures.endswith("steps to the target 0.50× (per seed 0.50, 0.50, 0.50; paired t 95% 0.50–0.50)")
     # gains: one_shot 0.25, or1 0.50 -> 0.50x, and 0.15 above the random example
-    assert goals["`one_shot`"] == (True, "gain 0.50× `or1`'s (0.50–0.50); final accuracy +0.150 against the random "
-                                   "example (+0.150 to +0.150)")
+    assert goals["`one_shot`"] == (True, "gain 0.50× (per seed 0.50, 0.50; paired t 95% 0.50–0.50) of `or1`'s; final "
+                                   "accuracy against the random example +0.150 (per seed +0.150, +0.150; paired t 95% "
+                                   "+0.150 to +0.150; sign-flip p = 0.50)")
     assert goals["rejection"][0] is None and goals["`or1_8020`"][0] is None
-    assert goals["entropy:"][0] is True
+    assert goals["entropy:"] == (None, "not tested: no run's training entropy stayed below 0.5 × 0.2 for 10 steps")
     results["or1"][0]["collapse_detector_step"] = 12  # with the controller on, the warning waits for saturation
+    assert learning_report.ladder_goals(results)[-1][1] is True
     results["or1"][0]["entropy_target"] = None  # ... off (or1_no_entropy-like): it should have fired
     assert learning_report.ladder_goals(results)[-1][1] is False
     out = tmp_path / "block.md"
@@ -377,7 +399,9 @@ def test_ladder_table_goals_and_resume_from_finished_results(tmp_path):
     assert rows["OR1 recipe"][1:4] == ["0, 1, 2", "3/3", "15.0"] and rows["OR1 recipe"][4] == "60"
     assert rows["GRPOTrainer"][6] == "0.200 → 0.600"
     ratio = {cells(line)[0]: cells(line) for line in block.splitlines() if " / " in line and "×" in line}
-    assert ratio["OR1 recipe / GRPOTrainer"][1:4] == ["3", "0.50× (0.50–0.50)", "0.60× (0.50–0.70)"]
+    assert ratio["OR1 recipe / GRPOTrainer"][1:4] == [
+        "3", "0.50× (per seed 0.50, 0.50, 0.50; paired t 95% 0.50–0.50)",
+        f"0.60× (per seed 0.50, 0.60, 0.70; paired t 95% {low:.2f}–{high:.2f})"]
     assert "range 1.0–3.0" in block
     assert "| starting model | 0.300 | 0.100 |" in block and "| OR1 recipe | 0.700 | 0.600 |" in block
     runs[0]["settings"] = {**runs[0]["settings"], "target": 0.9}
@@ -426,3 +450,62 @@ def test_ladder_quick(tmp_path):
     assert again.returncode == 0, again.stderr[-4000:]
     assert again.stderr.count("finished earlier") == 3 and "starting a vLLM" not in again.stderr
     assert block.read_text() == text
+
+
+# --- The pairing experiment (`--pairing`, issue 48) ------------------------------------------------------------------
+def test_pairing_plan_runs_the_a_a_pair_first_then_each_seed_both_modes():
+    assert learning_arms.pairing_plan(2) == [
+        ("or1", 0, "crn_again"),
+        ("or1", 0, "crn"), ("or1_no_rejection", 0, "crn"), ("or1", 0, "plain"), ("or1_no_rejection", 0, "plain"),
+        ("or1", 1, "crn"), ("or1_no_rejection", 1, "crn"), ("or1", 1, "plain"), ("or1_no_rejection", 1, "plain")]
+    assert learning_arms.pairing_rollout_seed(3, "crn") == learning_arms.pairing_rollout_seed(3, "crn_again") == 1003
+    assert learning_arms.pairing_rollout_seed(3, "plain") is None
+    config = learning_arms.ladder_config("or1_no_rejection", 3, "/tmp/x", learning_arms.PAIRING, "http://127.0.0.1:1",
+                                         rollout_seed=1003)
+    assert (config.rollout_seed, config.rejection_sampling, config.max_steps) == (1003, "off", 12)
+
+
+def pairing_result(arm, seed, mode, accuracies, digests):
+    settings = learning_arms.PAIRING
+    curve = [{"step": 3 * i, "accuracy": a} for i, a in enumerate(accuracies)]
+    return {"arm": arm, "seed": seed, "settings": dataclasses.asdict(settings), "device": "2 CPUs", "curve": curve,
+            "rollout_digests": {str(step): rows for step, rows in enumerate(digests)}}
+
+
+def test_pairing_block_every_pair_what_pairing_buys_and_the_coupling_checks():
+    """AUCs by the trapezoid, each mode's paired comparison, the SD ratio with its F interval (from the formula), the
+    per-step share of completions drawn alike, and the A/A pair identical."""
+    import math
+    import statistics
+
+    from scipy import stats
+
+    rows = [["a", "b", "c", "d"], ["e", "f", "g", "h"]]
+    other = [["a", "b", "c", "d"], ["e", "x", "g", "y"]]  # step 0 alike, step 1 half
+    crn_a = {0: [0.2, 0.4, 0.5, 0.6, 0.6], 1: [0.2, 0.3, 0.5, 0.5, 0.7], 2: [0.2, 0.3, 0.3, 0.6, 0.6]}
+    crn_b = {0: [0.2, 0.4, 0.5, 0.6, 0.68], 1: [0.2, 0.3, 0.5, 0.62, 0.7], 2: [0.2, 0.3, 0.44, 0.6, 0.6]}
+    plain_b = {0: [0.2, 0.6, 0.6, 0.7, 0.7], 1: [0.2, 0.2, 0.3, 0.4, 0.5], 2: [0.2, 0.5, 0.6, 0.8, 0.8]}
+    results = {("or1", 0, "crn_again"): pairing_result("or1", 0, "crn_again", crn_a[0], rows)}
+    for seed in range(3):
+        results[("or1", seed, "crn")] = pairing_result("or1", seed, "crn", crn_a[seed], rows)
+        results[("or1_no_rejection", seed, "crn")] = pairing_result("or1_no_rejection", seed, "crn", crn_b[seed], other)
+        results[("or1", seed, "plain")] = pairing_result("or1", seed, "plain", crn_a[seed], rows)
+        results[("or1_no_rejection", seed, "plain")] = pairing_result("or1_no_rejection", seed, "plain",
+                                                                      plain_b[seed], [["z"] * 4, ["w"] * 4])
+    block = learning_report.pairing_markdown(results, learning_arms.PAIRING, quick=False)
+
+    def auc(values):  # the trapezoid over steps 0, 3, ..., 12, by hand
+        return sum((values[i] + values[i + 1]) / 2 for i in range(4)) / 4
+
+    crn = [auc(crn_b[s]) - auc(crn_a[s]) for s in range(3)]
+    plain = [auc(plain_b[s]) - auc(crn_a[s]) for s in range(3)]
+    assert f"| crn | 0 | {auc(crn_a[0]):.3f} | {auc(crn_b[0]):.3f} | {crn[0]:+.3f} | 1.00 0.50 |" in block
+    assert f"| plain | 2 | {auc(crn_a[2]):.3f} | {auc(plain_b[2]):.3f} | {plain[2]:+.3f} | 0.00 0.00 |" in block
+    ratio = statistics.stdev(plain) / statistics.stdev(crn)
+    low = ratio / math.sqrt(stats.f.ppf(0.975, 2, 2))
+    high = ratio / math.sqrt(stats.f.ppf(0.025, 2, 2))
+    assert (f"{ratio:.2f}× smaller (goal ≥ 2×: {'met' if ratio >= 2 else '**missed**'}; F-interval 95% {low:.2f}× to "
+            f"{high:.2f}×, 3 and 3 pairs)") in block
+    assert "- crn: mean difference" in block and "n = 3 pairs" in block
+    assert "A/A (`or1` seed 0 twice, one `rollout_seed`): completions alike per step 1.00 1.00" in block
+    assert ": identical." in block
