@@ -307,7 +307,7 @@ def ladder_markdown(results: dict, settings: LadderSettings, regime: dict, quick
     lines += ["", "Goals (fixed in the docstring before the runs):", ""]
     for goal, met, figures in ladder_goals(results):
         lines.append(f"- {goal}: **{'met' if met else 'missed'}** ({figures})" if met is not None else
-                     f"- {goal}: **not tested** ({figures})")
+                     f"- {goal}: **not tested** ({figures.removeprefix('not tested: ')})")
     loads = [load for runs in results.values() for r in runs.values() for load in r["loads"]]
     finished = sorted(r["finished"] for runs in results.values() for r in runs.values())
     if loads:
@@ -317,8 +317,9 @@ def ladder_markdown(results: dict, settings: LadderSettings, regime: dict, quick
 
 
 def ladder_plot(results: dict, settings: LadderSettings, path: str) -> None:
-    """The arms' held-out curves (avg@k at T = 1.0, greedy) and training entropy against the step, in `or1-trl plot`'s
-    style: each seed thin, the mean over seeds thick; the target and the stage boundary dotted."""
+    """The arms' held-out curves (avg@k at T = 1.0, greedy) and the entropy of the held-out samples (one measurement for
+    every arm) against the step, in `or1-trl plot`'s style: each seed thin, the mean over seeds thick; the target and
+    the stage boundary dotted."""
     from or1_trl.eval.plot import new_figure
 
     fig, axes = new_figure(3)
@@ -336,19 +337,21 @@ def ladder_plot(results: dict, settings: LadderSettings, path: str) -> None:
                 ax.plot(steps, [statistics.mean(r["curve"][i][key] for r in runs) for i in range(len(steps))],
                         color=color, linewidth=2, marker="o", markersize=3,
                         label=f"{LADDER_NAMES[arm]} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
-        logged = [dict(measured_entropies(r["log"])) for r in runs]  # a fully rejected step measured nothing
-        if steps_logged := sorted(set().union(*logged)):  # the mean over the seeds that measured the step
-            axes[2].plot(steps_logged, [statistics.mean(v[s] for v in logged if s in v) for s in steps_logged],
-                         color=color, linewidth=1.5, label=LADDER_NAMES[arm])
+        # One measurement for every arm: the held-out samples' entropy (each trainer's own logged entropy is not
+        # comparable: OR1Trainer's is over the kept tokens, GRPOTrainer's over all of them)
+        measured = [{p["step"]: p["entropy"] for p in r["curve"]
+                     if p.get("entropy") is not None and not math.isnan(p["entropy"])} for r in runs]
+        if steps_measured := sorted(set().union(*measured)):
+            axes[2].plot(steps_measured, [statistics.mean(v[s] for v in measured if s in v) for s in steps_measured],
+                         color=color, linewidth=1.5, marker="o", markersize=3, label=LADDER_NAMES[arm])
     axes[0].axhline(settings.target, color="black", linestyle="--", linewidth=1, label=f"target {settings.target:.2f}")
-    axes[2].axhline(0.2, color="black", linestyle="--", linewidth=1, label="entropy target 0.2 (OR1 arms)")
     for ax in axes:
         ax.axvline(settings.steps // 3 + 0.5, color="black", linestyle=":", linewidth=1)
     axes[0].annotate("OR1 arms: stage 2, 48 tokens →", (settings.steps // 3 + 0.5, 1), xycoords=("data", "axes fraction"),
                      xytext=(2, 2), textcoords="offset points", fontsize=8, ha="left", va="bottom")
     axes[0].set_ylabel(f"held-out avg@{settings.samples}, T = 1.0")
     axes[1].set_ylabel("held-out, greedy")
-    axes[2].set_ylabel("training entropy (nats)")
+    axes[2].set_ylabel("entropy of the held-out samples\n(−mean log-prob, nats)")
     axes[0].set_title(f"SmolLM2-135M-Instruct, arithmetic ladder: {6 * settings.held_out_per_rung} held-out prompts "
                       "(seeds thin, their mean thick)", pad=14)
     for ax in axes[:2]:
