@@ -19,7 +19,8 @@ and its samples depend on nothing else: not on its neighbours, its position in t
 - vLLM server (`seeded_requests`, called by `vllm_client.OR1VLLMClient.generate`): one request per prompt with
   `seed=key`. vLLM seeds a generator per request and gives the i-th of its `n` samples `seed + i`; its sampler is
   the exponential race (Gumbel-max), so two runs whose weights agree draw the same tokens, and two configs keep
-  drawing the same tokens where their policies agree.
+  drawing the same tokens where their policies agree, as far as the server's logits do not depend on how it batched
+  the concurrent requests (in bf16 near-ties flip now and then, docs/reproducible_runs.md; in fp32 they did not).
 - HF `generate` (`SeededGumbel`, installed by `seeded_sampling`): Gumbel-max with noise from splitmix64, a
   counter-based generator (its n-th value from `key` is a pure function of `(key, n)`), at counter
   `position * V + token`. Temperature, top-k, top-p and min-p are transformers' own warpers, applied in
