@@ -622,6 +622,7 @@ class OR1Config(GRPOConfig):
         self._apply_entropy_preset()
         self._apply_stages()
         self._default_bf16_off_without_cuda()
+        self._use_cpu_for_a_multi_process_launch_without_gpus()
         self._activation_checkpointing_from_trls_name()
         super().__post_init__()
         self._apply_weight_sync()
@@ -683,6 +684,19 @@ class OR1Config(GRPOConfig):
             return
         self.bf16 = False
         logger.warning("No CUDA GPU: OR1Config trains in 32-bit (bf16=False); set bf16 explicitly to choose.")
+
+    def _use_cpu_for_a_multi_process_launch_without_gpus(self):
+        """`accelerate launch --num_processes N` (or `torchrun`) on a machine with no accelerator: transformers
+        joins the processes into one distributed job only with `use_cpu=True`; without it each process trains alone
+        on its share of the data, into the same `output_dir`, and nothing says so (issue 49). Here a launch of
+        several processes (`WORLD_SIZE` > 1) with no accelerator gets `use_cpu=True`, said in one line by the first
+        process."""
+        if self.use_cpu or int(os.environ.get("WORLD_SIZE", "1")) <= 1 or torch.accelerator.is_available():
+            return
+        self.use_cpu = True
+        if os.environ.get("RANK", "0") == "0":
+            logger.warning(f"No GPU: the {os.environ['WORLD_SIZE']} launched processes train as one distributed job "
+                           "on the CPU (use_cpu=True, gloo); set --use_cpu true to say so yourself.")
 
     def _activation_checkpointing_from_trls_name(self):
         """TRL's configs set `gradient_checkpointing` (default `True`), the name transformers 5 deprecates for

@@ -116,3 +116,25 @@ def test_paper_recipes_name_a_launch_config_with_their_process_count():
         config = re.search(r"--config_file (configs/accelerate/\S+)", header).group(1)
         processes = int(re.search(r"Written for (\d+) processes", header).group(1))
         assert load_config_from_file(os.path.join(ROOT, config)).num_processes == processes, recipe
+
+
+@pytest.mark.parametrize("form", ["use_cpu", "default"])
+def test_a_two_process_cpu_launch_is_one_distributed_job_with_or_without_use_cpu(tmp_path, form):
+    """Issue 49: `accelerate launch --config_file configs/accelerate/cpu_2proc.yaml` on a machine with no GPU trains
+    as one job of two processes whether `use_cpu` is set or not (unset, each process used to train alone on half the
+    data into the same folder); unset, the first process says so in one line."""
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", os.path.join(ROOT, "configs/accelerate/cpu_2proc.yaml"), "--main_process_port", str(free_port()),
+        os.path.join(ROOT, "tests/distributed/cpu_launch.py"), str(tmp_path), form,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rank in ranks:
+        assert (rank["num_processes"], rank["world_size"], rank["use_cpu"]) == (2, 2, True)
+        assert rank["rows_per_step"] == 16  # 8 rows per process, two processes: one global batch
+    assert ranks[0]["weights_sum"] == ranks[1]["weights_sum"]  # DDP kept the ranks identical
+    said = [line for line in (result.stdout + result.stderr).splitlines() if "train as one distributed job" in line]
+    assert len(said) == (1 if form == "default" else 0), said
