@@ -37,8 +37,9 @@ def model_path_problem(name: str, flag: str = "--model_name_or_path") -> str | N
     """Why `name` can be neither a local model directory nor a Hugging Face Hub id, or `None` if it can be one.
 
     Checked before anything is loaded, so that a mistyped path says so instead of failing later with the Hub's
-    "Repo id must be in the form ..." (or a network error). A name that looks like a filesystem path (absolute,
-    `./`, `../`, `~`, more than one separator) must exist; anything else must be a valid Hub id. `flag` names the
+    "Repo id must be in the form ..." (or a network error, after the Hub's retries). A name that looks like a
+    filesystem path (absolute, `./`, `../`, `~`, more than one separator, or a first part that is a directory here:
+    `outputs/run` where `./outputs` exists) must exist; anything else must be a valid Hub id. `flag` names the
     argument in the message."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
@@ -48,12 +49,14 @@ def model_path_problem(name: str, flag: str = "--model_name_or_path") -> str | N
     if os.path.exists(path):
         return f"model path {name!r} is a file; pass the model's directory (the one with config.json)"
     separators = [os.sep] + ([os.altsep] if os.altsep else [])
+    first = name.replace(os.altsep or os.sep, os.sep).split(os.sep)[0]
     looks_like_path = (
         name.startswith(("~", "./", "../", ".\\", "..\\"))
         or os.path.isabs(name)
         or name in (".", "..")
         or sum(name.count(s) for s in separators) > 1
         or name.endswith(tuple(separators))
+        or (first != name and os.path.isdir(first))  # `outputs/nope` where ./outputs exists: a path, not a Hub id
     )
     if looks_like_path:
         return (

@@ -11,3 +11,25 @@ def test_model_name_or_path_check():
     assert model_path_problem(ROOT) is None  # an existing directory
     assert "is a file" in model_path_problem(os.path.join(ROOT, "pyproject.toml"))
     assert "neither an existing local directory nor a valid Hub id" in model_path_problem("my model")
+
+
+def test_a_name_under_a_local_folder_is_a_path_that_must_exist(tmp_path, monkeypatch, capsys):
+    """Issue 49: `outputs/nope` where ./outputs exists (one typo from `outputs/run`) is a path, not a Hub id: one error
+    line (after the short usage line) at once, from `or1-trl eval` and `or1-trl train` alike, and no Hub request (none
+    is reachable here: a request would retry, then end in a traceback)."""
+    from .helpers import exit_code
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs" / "run").mkdir(parents=True)
+    expected = (f"model path 'outputs/nope' does not exist (resolved to '{tmp_path / 'outputs' / 'nope'}'); pass an "
+                "existing local model directory or a Hub id such as 'Qwen/Qwen2.5-0.5B-Instruct'")
+    assert model_path_problem("outputs/nope") == expected
+    assert model_path_problem("outputs/run") is None
+    assert model_path_problem("someone/model") is None  # no folder `someone` here: a Hub id
+    for argv in (["eval", "--model", "outputs/nope"],
+                 ["train", "--model_name_or_path", "outputs/nope", "--dataset_name", "data.jsonl",
+                  "--output_dir", "outputs/x"]):
+        code, out, err = exit_code(capsys, *argv)
+        lines = [line for line in err.splitlines() if line.strip()]  # the short usage line, then the error
+        assert code == 2 and lines[-1] == f"or1-trl {argv[0]}: error: {expected}", (argv, err)
+        assert len(lines) == 2 and lines[0].startswith(f"usage: or1-trl {argv[0]}"), err
