@@ -1,5 +1,6 @@
 """Checks of the paths a user gives, made before anything loads (importing this loads nothing heavy): an output
-directory (`output_dir_problem`) and a model (`model_path_problem`, `local_model_path`)."""
+directory (`output_dir_problem`), a model (`model_path_problem`, `local_model_path`), and the Hub a run publishes
+to (`hub_push_problem`)."""
 
 from __future__ import annotations
 
@@ -67,4 +68,31 @@ def model_path_problem(name: str, flag: str = "--model_name_or_path") -> str | N
         validate_repo_id(name)
     except HFValidationError as exc:
         return f"{flag} {name!r} is neither an existing local directory nor a valid Hub id ({exc})"
+    return None
+
+
+def hub_push_problem(timeout: float = 10.0) -> str | None:
+    """Why a run with `push_to_hub=True` could not publish, or `None`: checked before training (issue 49), so that
+    a run does not end, after hours, in a traceback from the Hub client. In order: `HF_HUB_OFFLINE` set; no token
+    (`hf auth login`, or `HF_TOKEN`); the Hub (`HF_ENDPOINT`, default huggingface.co) unreachable within `timeout`
+    seconds, or the token refused. One `GET /api/whoami-v2`."""
+    import requests
+    from huggingface_hub import constants, get_token
+
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return ("push_to_hub=True, but HF_HUB_OFFLINE is set: the Hub cannot be reached. Unset it, or train without "
+                "--push_to_hub and publish the output_dir later (`hf upload REPO OUTPUT_DIR`)")
+    token = get_token()
+    if token is None:
+        return ("push_to_hub=True needs a Hugging Face token with write access: run `hf auth login` (or set "
+                "HF_TOKEN), or train without --push_to_hub and publish later (`hf upload REPO OUTPUT_DIR`)")
+    endpoint = os.environ.get("HF_ENDPOINT", constants.ENDPOINT).rstrip("/")
+    try:
+        answer = requests.get(f"{endpoint}/api/whoami-v2", headers={"Authorization": f"Bearer {token}"},
+                              timeout=timeout)
+    except requests.RequestException as error:
+        return (f"push_to_hub=True, but the Hub at {endpoint} cannot be reached ({type(error).__name__}): check the "
+                "network, or train without --push_to_hub and publish later (`hf upload REPO OUTPUT_DIR`)")
+    if answer.status_code == 401:
+        return f"push_to_hub=True, but the Hub at {endpoint} refused the token (401): run `hf auth login` again"
     return None

@@ -33,3 +33,33 @@ def test_a_name_under_a_local_folder_is_a_path_that_must_exist(tmp_path, monkeyp
         lines = [line for line in err.splitlines() if line.strip()]  # the short usage line, then the error
         assert code == 2 and lines[-1] == f"or1-trl {argv[0]}: error: {expected}", (argv, err)
         assert len(lines) == 2 and lines[0].startswith(f"usage: or1-trl {argv[0]}"), err
+
+
+def test_publishing_is_checked_before_training(tmp_path, monkeypatch, capsys):
+    """Issue 49: `--push_to_hub true` without what publishing needs ends before training in one line saying what is
+    missing: HF_HUB_OFFLINE set, no token, or no Hub at the endpoint (here a closed port on this machine)."""
+    from or1_trl.paths import hub_push_problem
+
+    from .helpers import exit_code, free_port
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub_push_problem().startswith("push_to_hub=True, but HF_HUB_OFFLINE is set")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # no token file there
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))
+    assert hub_push_problem().startswith("push_to_hub=True needs a Hugging Face token with write access")
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    assert hub_push_problem(timeout=5) == (
+        f"push_to_hub=True, but the Hub at {endpoint} cannot be reached (ConnectionError): check the network, or "
+        "train without --push_to_hub and publish later (`hf upload REPO OUTPUT_DIR`)")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data.jsonl").write_text('{"prompt": "1+1?", "answer": "2"}\n')
+    code, out, err = exit_code(capsys, "train", "--model_name_or_path", "someone/model", "--dataset_name", "data.jsonl",
+                               "--output_dir", "run", "--push_to_hub", "true", "--hub_model_id", "me/run")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and lines[-1] == f"or1-trl train: error: {hub_push_problem(timeout=5)}", err
+    assert not (tmp_path / "run").exists()  # nothing was trained or written

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from ..paths import local_model_path, model_path_problem
+from ..paths import hub_push_problem, local_model_path, model_path_problem
 
 
 def uses_demo_data(script_args, model_args) -> bool:
@@ -48,6 +48,8 @@ def build_trainer(script_args, training_args, model_args):
     # A previous run in --output_dir, a missing checkpoint: refused before the model loads.
     check_output_dir(training_args.output_dir, training_args.resume_from_checkpoint,
                      training_args.overwrite_output_dir)
+    if training_args.push_to_hub and (problem := hub_push_problem()):  # before training, not after it
+        raise ValueError(problem)
     if builtin:
         from ..demos.tiny import demo_model_and_data
         from ..rewards import math_reward
