@@ -444,3 +444,15 @@ def test_the_hook_table_is_what_the_trainer_overrides():
     assert "_compute_loss" in overridden and "prompt_pool" not in overridden  # OR1's own names are not hooks
     assert documented == overridden, (f"in the table, not overridden: {sorted(documented - overridden)}; "
                                       f"overridden, not in the table: {sorted(overridden - documented)}")
+
+
+def test_every_image_under_docs_is_shown_by_a_page():
+    """Issue 49: an image in docs/ that no page shows (`![...](name.png)`) is a figure nobody finds; each one is
+    shown, by a path that resolves from the page that shows it."""
+    images = {path.resolve() for path in (ROOT_PATH / "docs").rglob("*") if path.suffix in (".png", ".svg", ".jpg")}
+    shown = set()
+    for page in PAGES:
+        for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)", page.read_text()):
+            shown.add((page.parent / target).resolve())
+    assert images, "no image under docs/"
+    assert sorted(map(str, images - shown)) == []

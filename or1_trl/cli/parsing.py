@@ -228,10 +228,28 @@ def parse_command(parser, argv: list[str] | None, vllm_args: bool = False):
         *parsed, config_unknown, cli_unknown = parser.parse_args_and_config(
             argv, return_remaining_strings=True, separate_remaining_strings=True)
     if cli_unknown and not vllm_args:
-        parser.error(f"unrecognized arguments: {' '.join(cli_unknown)}")
+        parser.error(f"unrecognized arguments: {' '.join(cli_unknown)}{did_you_mean(parser, cli_unknown)}")
     if config_unknown:
         parser.error(f"unknown keys in the --config file: {', '.join(s[2:] for s in config_unknown[::2])}")
     return (*parsed, cli_unknown) if vllm_args else tuple(parsed)
+
+
+def did_you_mean(parser, unknown: list[str]) -> str:
+    """`; did you mean --max_steps?` for the first unknown flag among `unknown` with a close known option (difflib's
+    ratio ≥ 0.75, hyphens read as underscores), else `""`."""
+    import difflib
+
+    options = [option for action in parser._actions for option in action.option_strings if option.startswith("--")]
+    normal = {}
+    for option in sorted(options, key=lambda o: "_" in o):  # `--max_steps` over its alias `--max-steps`
+        normal[option.replace("-", "_")] = option
+    for flag in unknown:
+        if flag.startswith("--"):
+            name = flag.split("=", 1)[0].replace("-", "_")
+            close = difflib.get_close_matches(name, list(normal), n=1, cutoff=0.75)
+            if close:
+                return f"; did you mean {normal[close[0]]}?"
+    return ""
 
 
 def hide_flag_value(flag: str, placeholder: str) -> int:

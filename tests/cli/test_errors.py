@@ -99,8 +99,9 @@ ARGUMENT_CASES = [
     (["--output_dir", "FILES/a_file"], "output_dir 'FILES/a_file' is a file"),
     (["--output_dir", "FILES/a_file/run"], "cannot be created: 'FILES/a_file' is a file"),
     (["--output_dir", "READONLY/run"], "cannot be created: 'READONLY' is not writable"),
-    (["--max_step", "3"], "unrecognized arguments: --max_step 3"),  # not taken for --max_steps
-    (["--learning_rat", "0.1"], "unrecognized arguments: --learning_rat 0.1"),
+    # not taken for --max_steps, but named (issue 49)
+    (["--max_step", "3"], "unrecognized arguments: --max_step 3; did you mean --max_steps?"),
+    (["--learning_rat", "0.1"], "unrecognized arguments: --learning_rat 0.1; did you mean --learning_rate?"),
 ]
 
 
