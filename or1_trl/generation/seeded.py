@@ -126,16 +126,17 @@ class RolloutSeeds:
         training = trainer.model.training
         key = self.next_key(trainer.state.global_step, training)
         if key is None:
-            keyed = contextlib.nullcontext()
-        elif trainer.use_vllm:
-            generation = trainer.vllm_generation
-            keyed = _swapped(generation, "generation_kwargs",
-                             {**(generation.generation_kwargs or {}), KEY_FIELD: key.as_field()})
+            output = generate()
+        elif trainer.use_vllm:  # `OR1VLLMGeneration.generate` puts it in the request's `generation_kwargs`
+            trainer.vllm_generation.rollout_key = key.as_field()
+            try:
+                output = generate()
+            finally:
+                trainer.vllm_generation.rollout_key = None
         else:
             policy = trainer.accelerator.unwrap_model(trainer.model_wrapped)  # whose `generate` TRL calls
-            keyed = seeded_sampling(policy, key, pad_token_id=trainer._tokenizer.pad_token_id)
-        with keyed:
-            output = generate()
+            with seeded_sampling(policy, key, pad_token_id=trainer._tokenizer.pad_token_id):
+                output = generate()
         self._record_hash(trainer, output[1], training)
         return output
 
@@ -149,16 +150,6 @@ class RolloutSeeds:
             else completion_ids
         self._hash = completions_hash(every_rank, previous=self._hash)
         trainer._metrics[where[1]]["rollout/completions_hash"] = [float(self._hash)]  # one value: never averaged
-
-
-@contextlib.contextmanager
-def _swapped(owner, name: str, value):
-    original = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
 
 
 def next_step_request(request: dict, step: int) -> dict:

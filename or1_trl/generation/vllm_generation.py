@@ -21,6 +21,7 @@ from transformers.utils import logging
 from trl.generation import vllm_generation
 from trl.generation.vllm_generation import VLLMGeneration
 
+from . import seeded
 from .disk_sync import DiskWeightSync
 from .serve import SYNC_PEFT_MODES
 from .server_health import ServerDownError, ServerWatch
@@ -71,6 +72,7 @@ class OR1VLLMGeneration(VLLMGeneration):
         self.adapter_sync = False
         self.sync_breakdown: dict | None = None
         self.resyncs = 0  # the server's resyncs so far (`server_health`), the same on every rank
+        self.rollout_key: list | None = None  # the next request's paired-rollout key (`seeded.RolloutSeeds.generate`)
         super().__init__(*args, **kwargs)
 
     @property
@@ -209,8 +211,12 @@ class OR1VLLMGeneration(VLLMGeneration):
     def generate(self, *args, **kwargs):
         if self.mode != "server":
             return super().generate(*args, **kwargs)
+        # paired rollouts: the key travels in the request's `generation_kwargs`; `OR1VLLMClient.generate` takes it out
+        keyed = self.generation_kwargs if self.rollout_key is None else {**(self.generation_kwargs or {}),
+                                                                         seeded.KEY_FIELD: self.rollout_key}
         try:  # the main process's request goes through the watch: a healthy server holding the trainer's weights
-            output, failure = super().generate(*args, **kwargs), None
+            with _swapped(self, "generation_kwargs", keyed):
+                output, failure = super().generate(*args, **kwargs), None
         except ServerDownError as error:
             if self.accelerator.num_processes > 1:  # the main process left before TRL's broadcast of the completions:
                 broadcast_object_list([([], [], None, None)], from_process=0)  # release the ranks waiting in it
@@ -233,14 +239,15 @@ class OR1VLLMGeneration(VLLMGeneration):
 
 
 @contextmanager
-def _swapped(module, name: str, value):
-    """While active, `module.name` is `value` (TRL builds its objects by module-level name, with no factory)."""
-    original = getattr(module, name)
-    setattr(module, name, value)
+def _swapped(owner, name: str, value):
+    """While active, `owner.name` is `value` (TRL builds its objects by module-level name, with no factory, and reads
+    its sampling settings from its backend's attributes)."""
+    original = getattr(owner, name)
+    setattr(owner, name, value)
     try:
         yield
     finally:
-        setattr(module, name, original)
+        setattr(owner, name, original)
 
 
 def generation_backend(args):
