@@ -156,6 +156,18 @@ groups informative. A target of 0.60 is reached there at step 21 (the 3-evaluati
 room on both sides for an arm to be faster or slower, where a target on the plateau (0.65-0.70) would make reaching
 it a coin flip; and 36 steps keep a run near the issue's 15 minutes. Hence budget 36 steps (stage 1 = steps 1-12 for
 the OR1 arms), target 0.60.
+**Paired rollouts** (`--pairing`, issue 48; its settings are `learning_arms.PAIRING`, fixed before its first run):
+what common random numbers buy on the ladder. One A/B pair, `or1` against `or1_no_rejection`, 12 steps (stage 1 = steps
+1–4), held-out avg@4 every 3 steps on 72 held-out prompts (12 per rung), `PAIRING_SEEDS` = 4 seed pairs with both
+arms' rollouts seeded alike (`rollout_seed` = 1000 + seed: "crn") and 4 unseeded ("plain"), and one A/A pair (`or1`
+seed 0, "crn", twice). Per pair: each arm's held-out AUC (the mean held-out accuracy over the run, trapezoid) and the
+share of each step's completions the two arms drew alike. Goal: the SD of the paired AUC difference B − A ≥ 2×
+smaller with common random numbers than without (with its F interval: 4 pairs a mode say little about an SD ratio).
+Mechanism, tested on the tiny model (`tests/generation/test_seeded.py`): on one rollout with the entropy term off,
+rejection only rescales the gradient, and Adam's first step takes both arms to the same weights, so the pair's
+rollouts stay identical at the first two steps at least. Results in `benchmarks/results/learning_pairing/`, one file
+per run, resumed like the ladder's.
+
 `--ladder --quick` (for the tests) runs `or1`, `grpo` and `one_shot` on 1 seed, 2 steps, 1 training and 1 held-out
 prompt per rung, 2 samples per held-out prompt, evaluating every step, into a temporary folder: its numbers mean
 nothing. `--report-only` writes the table (and `--plot`) from the finished runs without running anything.
