@@ -2,7 +2,7 @@
 train.
 
 - `step_line`: a step's line from its logged metrics (reward, accuracy, entropy, the entropy coefficient, the
-  kept-group fraction, the step's time split).
+  kept-group fraction, the step's time split) and the run's pace (elapsed time, ETA).
 - `StepPrinter`: prints it for each logged step, in place of transformers' printed metrics dict (its
   `PrinterCallback` / `ProgressCallback`, removed by `show_steps`); the trackers of `report_to` still get every
   metric. `or1-trl train` logs every step (`logging_steps=1` unless set); with a longer logging window a line shows
@@ -12,6 +12,7 @@ train.
 from __future__ import annotations
 
 import math
+import time
 
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
@@ -23,10 +24,22 @@ def _number(logs: dict, key: str, digits: int) -> str:
     return f"{value:.{digits}f}"
 
 
-def step_line(logs: dict, step: int, max_steps: int, skipped_before: float | None = None) -> str:
+def duration(seconds: float) -> str:
+    """`42s`, `3m05s`, `2h07m`: a wall time as a reader reads it."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def step_line(logs: dict, step: int, max_steps: int, skipped_before: float | None = None,
+              pace: tuple[float, float] | None = None) -> str:
     """One step's line from its logged metrics: reward, accuracy, the entropy over the kept tokens ("-" when every
     group was rejected: it measured nothing), the entropy coefficient c, the kept-group fraction (and "skipped"
-    when the cumulative `skipped_steps` grew since `skipped_before`), and the step's time split."""
+    when the cumulative `skipped_steps` grew since `skipped_before`), the step's time split, and with `pace`
+    (seconds since training began, seconds to go at this session's mean pace) the elapsed time and an ETA."""
     kept = logs.get("rejection/kept_group_frac")
     entropy = "-" if kept == 0 else _number(logs, "entropy", 3)
     parts = [f"step {step:3d}/{max_steps}", f"reward {_number(logs, 'reward', 3)}",
@@ -40,6 +53,8 @@ def step_line(logs: dict, step: int, max_steps: int, skipped_before: float | Non
         shares = " ".join(f"{phase} {logs.get(f'time/{phase}_share', 0.0):.0%}"
                           for phase in ("rollout", "reward", "update", "other"))
         parts.append(f"{logs['time/step_s']:.2f} s: {shares}")
+    if pace is not None:
+        parts.append(f"{duration(pace[0])} elapsed, ETA {duration(pace[1])}")
     return " | ".join(parts)
 
 
@@ -47,9 +62,22 @@ class StepPrinter(TrainerCallback):
     """Prints `step_line` for each logged training step on the main process; `rewards` keeps each line's reward.
     Evaluation logs get a line of their own (`eval at step N | ...`)."""
 
-    def __init__(self):
+    def __init__(self, clock=time.monotonic):
         self.rewards: list[float] = []
         self._skipped: float | None = 0.0
+        self._clock = clock
+        self._began: tuple[float, int] | None = None  # (clock, global step) when this session's training began
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self._began is None:  # a stage's pass begins training again: the pace counts from the first
+            self._began = (self._clock(), state.global_step)
+
+    def pace(self, step: int, max_steps: int) -> tuple[float, float] | None:
+        """(seconds since training began, seconds left at the mean pace of the steps since), or `None` before."""
+        if self._began is None or step <= self._began[1]:
+            return None
+        elapsed = self._clock() - self._began[0]
+        return elapsed, elapsed / (step - self._began[1]) * max(0, max_steps - step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs:
@@ -57,8 +85,8 @@ class StepPrinter(TrainerCallback):
         if "reward" in logs:
             self.rewards.append(logs["reward"])
             if state.is_world_process_zero:
-                print(step_line(logs, step=state.global_step, max_steps=state.max_steps, skipped_before=self._skipped),
-                      flush=True)
+                print(step_line(logs, step=state.global_step, max_steps=state.max_steps, skipped_before=self._skipped,
+                                pace=self.pace(state.global_step, state.max_steps)), flush=True)
             self._skipped = logs.get("skipped_steps", self._skipped)
         elif "eval_reward" in logs and state.is_world_process_zero:
             shown = [key for key in logs if key == "eval_reward" or "avg@" in key or "pass@" in key]

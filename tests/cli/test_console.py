@@ -112,7 +112,8 @@ def test_a_run_prints_a_line_per_step_ctrl_c_one_line_and_a_resume_what_it_took(
     assert [line[:10] for line in steps] == ["step   1/4", "step   2/4"]  # one line per step, TRL's dict not printed
     for key in ("reward", "accuracy", "entropy", "entropy_coef", "kept_groups"):
         assert f"| {key} " in steps[0], key
-    assert re.search(r"\| \d+\.\d\d s: rollout \d+% reward \d+% update \d+% other \d+%$", steps[0])
+    assert re.search(r"\| \d+\.\d\d s: rollout \d+% reward \d+% update \d+% other \d+% \| "
+                     r"\d+(m\d\d)?s elapsed, ETA \d+(m\d\d)?s$", steps[0])  # the pace (issue 49)
     assert "{'loss'" not in stopped.stdout + stopped.stderr and "'skipped_steps'" not in stopped.stdout
     # Before the model trained: string prompts against a chat template, said once. The decisions at the default
     # log level; none of transformers' gradient_checkpointing FutureWarnings.

@@ -35,3 +35,22 @@ def test_the_printer_prints_steps_and_evaluations_on_the_main_process_only(capsy
     state.is_world_process_zero = False
     printer.on_log(None, state, None, logs=dict(LOGS))
     assert capsys.readouterr().out == "" and printer.rewards == [0.25, 0.25]
+
+
+def test_step_lines_carry_the_elapsed_time_and_an_eta_at_the_mean_pace():
+    """Issue 49: training began at step 2 (a resume) at clock 100; step 5 logged at clock 160: 3 steps in 60 s, 15
+    steps to go at 20 s each."""
+    from transformers import TrainerState
+
+    from or1_trl.trainer.step_printer import StepPrinter, duration
+
+    clock = [100.0]
+    printer = StepPrinter(clock=lambda: clock[0])
+    assert printer.pace(3, 20) is None  # before training began
+    printer.on_train_begin(None, TrainerState(global_step=2, max_steps=20), None)
+    clock[0] = 130.0
+    printer.on_train_begin(None, TrainerState(global_step=4, max_steps=20), None)  # a stage's pass: not a new start
+    clock[0] = 160.0
+    assert printer.pace(5, 20) == (60.0, 300.0)
+    assert step_line({"reward": 0.5}, 5, 20, pace=(60.0, 300.0)).endswith("| 1m00s elapsed, ETA 5m00s")
+    assert [duration(s) for s in (42.4, 185, 7620)] == ["42s", "3m05s", "2h07m"]
