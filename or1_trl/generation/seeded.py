@@ -52,6 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import torch
+from accelerate.utils import gather_object
 from transformers import (LogitsProcessor, LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper,
                           TopKLogitsWarper, TopPLogitsWarper)
 
@@ -141,13 +142,12 @@ class RolloutSeeds:
         return output
 
     def _record_hash(self, trainer, completion_ids: list[list[int]], training: bool) -> None:
-        from accelerate.utils import gather_object
-
+        """Chain this rollout's completions (all ranks', in rank order) into the step's hash, logged as one value."""
         where = (trainer.state.global_step, "train" if training else "eval")
         if where != self._hash_step:
             self._hash_step, self._hash = where, 0
-        every_rank = gather_object([list(row) for row in completion_ids]) if trainer.accelerator.num_processes > 1 \
-            else completion_ids
+        rows = [list(row) for row in completion_ids]
+        every_rank = gather_object(rows) if trainer.accelerator.num_processes > 1 else rows
         self._hash = completions_hash(every_rank, previous=self._hash)
         trainer._metrics[where[1]]["rollout/completions_hash"] = [float(self._hash)]  # one value: never averaged
 
