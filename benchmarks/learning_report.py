@@ -119,10 +119,13 @@ def gain(result: dict) -> float:
 
 def ratio_summary(x: list[float], y: list[float]) -> tuple[float, list[float], tuple[float, float]]:
     """mean(x) / mean(y), every pair's x/y, and the paired t 95% interval of the geometric mean ratio (a t interval of
-    the mean log ratio, exponentiated; `eval/paired.py`): no bootstrap under 8 pairs."""
+    the mean log ratio, exponentiated; `eval/paired.py`): no bootstrap under 8 pairs. NaN bounds for one pair, or
+    when a value is 0 or below (a held-out gain can be)."""
     from or1_trl.eval.paired import compare_paired
 
-    ratios = [a / b for a, b in zip(x, y)]
+    ratios = [a / b if b else math.inf for a, b in zip(x, y)]
+    if min(x + y, default=0) <= 0:  # a gain of 0 or below has no log: no interval
+        return (sum(x) / sum(y) if sum(y) else math.inf), ratios, (math.nan, math.nan)
     low, high = compare_paired([math.log(b) for b in y], [math.log(a) for a in x]).interval
     return sum(x) / sum(y), ratios, (math.exp(low), math.exp(high))
 

@@ -105,6 +105,9 @@ def test_ratio_summary_gives_every_seed_and_a_t_interval_not_a_bootstrap():
     assert (low, high) == pytest.approx(t_interval_of_log_ratios([1.0, 2.0], [2.0, 2.0]), rel=1e-12)
     assert low < 0.01 and high > 40  # two seeds: a t interval with one degree of freedom says how little they tell
     assert learning_report.ratio_summary([3.0] * 5, [2.0] * 5) == (1.5, [1.5] * 5, pytest.approx((1.5, 1.5)))
+    ratio, each, interval = learning_report.ratio_summary([0.2, -0.1], [0.4, 0.5])  # a negative gain: no log
+    assert (ratio, each) == (pytest.approx(0.1 / 0.9), [0.5, -0.2]) and all(math.isnan(v) for v in interval)
+    assert all(math.isnan(v) for v in learning_report.ratio_summary([1.0], [2.0])[2])  # one pair: no interval
 
 
 def test_arm_configs(tmp_path):
