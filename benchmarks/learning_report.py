@@ -428,6 +428,8 @@ def pairing_markdown(results: dict, settings: LadderSettings, quick: bool) -> st
         lines.append(f"- What pairing buys: SD of B − A {statistics.stdev(plain):.4f} without common random numbers, "
                      f"{statistics.stdev(crn):.4f} with them: {ratio:.2f}× smaller (goal ≥ {PAIRING_GOAL:g}×: "
                      f"{verdict}; F-interval 95% {low:.2f}× to {high:.2f}×, {len(plain)} and {len(crn)} pairs).")
+    if not any(differences.values()):
+        lines.append("| — | | | | | no A/B pair has finished yet |")
     again = [(seed, r) for (arm, seed, mode), r in results.items() if mode == "crn_again"]
     for seed, rerun in again:
         first = results.get((a_arm, seed, "crn"))
@@ -437,4 +439,10 @@ def pairing_markdown(results: dict, settings: LadderSettings, quick: bool) -> st
             lines.append(f"- Coupling, A/A (`{a_arm}` seed {seed} twice, one `rollout_seed`): completions alike per "
                          f"step {' '.join(f'{c:.2f}' for c in coupling)}; AUC {run_auc(first):.4f} and "
                          f"{run_auc(rerun):.4f}: {'identical' if same else '**not identical**'}.")
+    loads = [load for r in results.values() for load in r.get("loads", [])]
+    finished = sorted(r["finished"] for r in results.values() if "finished" in r)
+    if loads and finished:
+        lines.append(f"- {len(results)} runs finished {finished[0]} to {finished[-1]}; 1-min load average during them "
+                     f"(sampled every step): median {statistics.median(loads):.1f}, range {min(loads):.1f}–"
+                     f"{max(loads):.1f}.")
     return "\n".join(lines) + "\n"
