@@ -204,6 +204,8 @@ FIELD_RANGES: dict[str, Range] = {
     "max_tokens_per_microbatch": _positive_int("token slots per packed forward; None: one forward", optional=True),
     "rollout_correction_cap": Range(low=1, low_open=True, reason="the ratio cap c; the geometric mask keeps [1/c, c]"),
     "max_staleness": _positive_int("updates a rollout may lag"),
+    "rollout_seed": Range(low=0, integer=True, optional=True,
+                          reason="hashed with the step and the prompt into each row's key; None: TRL's sampling"),
     "nonfinite_stop_after": _positive_int("non-finite steps in a row before the run stops; None: no sentinel",
                                           optional=True),
 }

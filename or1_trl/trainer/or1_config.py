@@ -751,10 +751,8 @@ class OR1Config(GRPOConfig):
                              "rollout_correction='geo_mask_token_truncate' or 'token_truncate'.")
 
     def _validate_rollout_seed(self):
-        if self.rollout_seed is None:
+        if self.rollout_seed is None:  # its range (an integer >= 0) is checked with the others (`ranges.py`)
             return
-        if not isinstance(self.rollout_seed, int) or self.rollout_seed < 0:
-            raise ValueError(f"rollout_seed={self.rollout_seed!r}: a non-negative integer, or None (TRL's sampling).")
         if self.use_vllm and self.vllm_mode != "server":
             raise ValueError(f"rollout_seed seeds each prompt's samples on a vLLM server or in HF generate; this run "
                              f"has use_vllm=True, vllm_mode={self.vllm_mode!r}: set vllm_mode='server' (or1-trl "
