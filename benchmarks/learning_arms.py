@@ -4,7 +4,6 @@ configs and the 1-shot datasets."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 from dataclasses import dataclass
@@ -162,7 +161,7 @@ LADDER_QUICK = LadderSettings(steps=2, target=0.5, eval_every=1, samples=2, trai
 #: rollouts seeded alike (`rollout_seed` = `PAIRING_ROLLOUT_SEED` + seed, both arms: "crn") and as many unseeded
 #: ("plain"), and one A/A pair (arm A again, "crn", seed 0).
 PAIRING = LadderSettings(steps=12, target=0.6, eval_every=3, samples=4, train_per_rung=10, held_out_per_rung=12)
-PAIRING_QUICK = dataclasses.replace(LADDER_QUICK, steps=2)
+PAIRING_QUICK = LADDER_QUICK  # 2 steps, 1 prompt per rung: tests this script
 PAIRING_ARMS = ("or1", "or1_no_rejection")
 PAIRING_SEEDS = 4
 PAIRING_ROLLOUT_SEED = 1000

@@ -73,6 +73,7 @@ class PairedComparison:
 
 def compare_paired(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> PairedComparison:
     """B against A over pairs `(a[i], b[i])` (the same seed, the same rollouts' random numbers)."""
+    import numpy as np
     from scipy import stats
 
     if len(a) != len(b):
@@ -90,17 +91,11 @@ def compare_paired(a: Sequence[float], b: Sequence[float], confidence: float = 0
         interval = (nan, nan)
     p = 1.0
     if n >= 2 and any(differences):  # one pair: its two sign patterns give p = 1
-        test = stats.permutation_test((list(differences),), statistic=_mean, permutation_type="samples",
+        test = stats.permutation_test((list(differences),), statistic=np.mean, permutation_type="samples",
                                       alternative="two-sided", n_resamples=2**n)
         p = float(test.pvalue)
     return PairedComparison(tuple(map(float, a)), tuple(map(float, b)), differences, mean, sd, interval, p,
                             confidence)
-
-
-def _mean(values, axis=-1):
-    import numpy as np
-
-    return np.mean(values, axis=axis)
 
 
 def held_out_auc(curve: Sequence[tuple[float, float]]) -> float:
