@@ -169,8 +169,9 @@ def summarize(records: Sequence[Mapping], ks: Sequence[int] | None = None, resam
     }
 
 
-def summary_markdown(summary: Mapping) -> str:
-    """The results table (percent, with the bootstrap interval), one row per benchmark."""
+def summary_markdown(summary: Mapping, name_model: bool = True) -> str:
+    """The results table (percent, with the bootstrap interval), one row per benchmark; `name_model=False` (the
+    model's own card) leaves out which model was evaluated (its name there is a path of the machine that ran it)."""
     benchmarks = summary["benchmarks"]
     if not benchmarks:
         return ""
@@ -193,7 +194,8 @@ def summary_markdown(summary: Mapping) -> str:
     s = summary["settings"]
     lines.append("")
     lines.append(
-        f"Model `{summary['model']}`; n={s['n']} samples per problem, temperature {s['temperature']}, top-p "
+        (f"Model `{summary['model']}`; " if name_model else "")
+        + f"n={s['n']} samples per problem, temperature {s['temperature']}, top-p "
         f"{s['top_p']}, max {s['max_tokens']} tokens, seed {s['seed']}; {level}% percentile-bootstrap intervals over "
         f"problems ({first['bootstrap_resamples']} resamples); ± SE: sampling standard error of avg@n."
     )

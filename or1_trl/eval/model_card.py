@@ -13,6 +13,13 @@ then inserts one section, built here, before "### Framework versions":
   (`or1-trl eval --model <output_dir>` does; it also refreshes this block of an existing card).
 
 The section sits between markers, so writing the card again (every checkpoint, `push_to_hub`) replaces it.
+
+TRL's own part states what it does not know: its template links `base_model` and the dataset to the Hub even when
+they are a local folder or file ("a fine-tuned version of [None](https://huggingface.co/None)", a dataset page for
+`mytrain.jsonl`), its quick start loads `model="None"` before a push, and its metadata carries a misspelt
+`licence: license`. `tidy_trl_card` corrects these after TRL writes the card: the base model as its user knows it
+(`base_model_name`: a Hub id, or the name a local folder records), a local dataset by its file name, nothing that is
+unknown and never a path of the machine that trained.
 """
 
 from __future__ import annotations
@@ -144,7 +151,7 @@ def eval_block(summary: Mapping | None) -> str:
     from .evaluation import summary_markdown
 
     if summary:
-        body = f"`or1-trl eval` results (`{EVAL_SUBDIR}/eval_summary.json`):\n\n{summary_markdown(summary)}"
+        body = f"`or1-trl eval` results (`{EVAL_SUBDIR}/eval_summary.json`):\n\n{summary_markdown(summary, name_model=False)}"
     else:
         body = (f"No `or1-trl eval` results yet: `or1-trl eval --model <output_dir>` writes them to "
                 f"`<output_dir>/{EVAL_SUBDIR}/` and into this card.\n")
@@ -155,7 +162,10 @@ def or1_section(args, state, base_model: str | None, dataset_name: str | None, n
                 eval_summary: Mapping | None, stage_shapes=()) -> str:
     """The card's OR1 section (markdown, between `SECTION_START` and `SECTION_END`): `args` the run's config,
     `state` its `TrainerState`, `stage_shapes` its stages (`stages.StageShape`, none for a single-stage run)."""
-    data = f"`{dataset_name}`" if dataset_name else "not named (pass `dataset_name=` to `push_to_hub`)"
+    data = "not named (pass `dataset_name=` to `push_to_hub`)"
+    if dataset_name:
+        data = f"`{dataset_name}`" if is_hub_dataset(dataset_name) else \
+            f"a local dataset, `{os.path.basename(os.path.normpath(dataset_name))}`"
     if num_prompts is not None:
         data += f", {num_prompts} prompts"
     parts = [
@@ -164,7 +174,7 @@ def or1_section(args, state, base_model: str | None, dataset_name: str | None, n
         "",
         "Trained with `OR1Trainer` (or1-trl): TRL's `GRPOTrainer` with the Skywork-OR1 MAGIC objective.",
         "",
-        f"- **Base model:** `{base_model or 'unknown'}`",
+        *([f"- **Base model:** `{base_model}`"] if base_model else []),
         f"- **Training data:** {data}",
         f"- **Steps:** {state.global_step} of {state.max_steps}",
         "",
@@ -214,6 +224,83 @@ def write_section(card_path: str, section: str) -> None:
         f.write(insert_section(card, section))
 
 
+# --- What TRL's card says of the base model, the data and the snippet: only what is known, never a machine path ----
+#: The sentence TRL's template (`trl/templates/lm_model_card.md`) opens the card with: it links `base_model` and the
+#: dataset to the Hub even when they are a local folder or file ("a fine-tuned version of [None](…/None)").
+TRL_FIRST_SENTENCE = re.compile(r"^This model is a fine-tuned version of .*$", flags=re.M)
+#: The pipeline line of TRL's quick start: `model="{{ hub_model_id }}"` ("None" before the run is pushed).
+TRL_SNIPPET_MODEL = re.compile(r'pipeline\("text-generation", model="None"')
+
+
+def base_model_name(name_or_path: str | None) -> str | None:
+    """The base model as its user knows it, or None when unknown — never a path of this machine.
+
+    A name that is not a local folder is a Hub id, kept as given. A local folder names itself by what it records:
+    `or1_model.json`'s `model` (a folder `or1-trl model` built, e.g. "SmolLM2-135M-Instruct"), else the `base_model`
+    of its own card (an earlier run's output dir: that run's base model)."""
+    if not name_or_path:
+        return None
+    folder = os.path.expanduser(name_or_path)
+    if not os.path.isdir(folder):
+        return name_or_path
+    import json
+
+    record = os.path.join(folder, "or1_model.json")
+    if os.path.isfile(record):
+        with open(record, encoding="utf-8") as f:
+            return json.load(f).get("model") or None
+    card = os.path.join(folder, "README.md")
+    if os.path.isfile(card):
+        from huggingface_hub import ModelCard
+
+        base = ModelCard.load(card).data.base_model
+        return base if isinstance(base, str) and base_model_name(base) == base else None
+    return None
+
+
+def is_hub_dataset(dataset_name: str | None) -> bool:
+    """Whether `dataset_name` is a Hub dataset id rather than a local file or folder."""
+    return bool(dataset_name) and not os.path.exists(os.path.expanduser(dataset_name))
+
+
+def first_sentence(base_model: str | None, dataset_name: str | None) -> str:
+    """The card's opening sentence: the base model and the data linked to the Hub only when they are on it."""
+    sentence = "This model was fine-tuned"
+    if base_model:
+        on_hub = "/" in base_model  # a Hub id (`org/name`); a folder's recorded name is not linked
+        sentence = ("This model is a fine-tuned version of "
+                    + (f"[{base_model}](https://huggingface.co/{base_model})" if on_hub else base_model))
+    if is_hub_dataset(dataset_name):
+        sentence += f" on the [{dataset_name}](https://huggingface.co/datasets/{dataset_name}) dataset"
+    elif dataset_name:
+        sentence += f" on a local dataset (`{os.path.basename(os.path.normpath(dataset_name))}`)"
+    return sentence + "."
+
+
+def tidy_trl_card(card_path: str, base_model: str | None, dataset_name: str | None, model_ref: str) -> None:
+    """Correct what TRL's card (written at `card_path`) states without knowing: its metadata's `base_model` (a Hub
+    id or nothing), `datasets` (Hub datasets only) and TRL's misspelt `licence: license` (removed); its opening
+    sentence (`first_sentence`); and the quick start's `model="None"` of a run not pushed (`model_ref`)."""
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(card_path)
+    card.data.base_model = base_model if base_model and "/" in base_model else None
+    if not is_hub_dataset(dataset_name):
+        card.data.datasets = None
+    card.data.pop("licence", None)
+    text = TRL_FIRST_SENTENCE.sub(first_sentence(base_model, dataset_name), str(card), count=1)
+    text = TRL_SNIPPET_MODEL.sub(f'pipeline("text-generation", model="{model_ref}"', text, count=1)
+    with open(card_path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def snippet_model(args, hub_model_id: str | None) -> str:
+    """What the quick start loads: the Hub id once pushed, else the output dir as given (its name if absolute)."""
+    if hub_model_id:
+        return hub_model_id
+    return os.path.basename(os.path.normpath(args.output_dir)) if os.path.isabs(args.output_dir) else args.output_dir
+
+
 def write_for_trainer(trainer, dataset_name: str | None, stage_shapes=()) -> None:
     """The OR1 section (`or1_section`) of the card TRL wrote for `trainer` (an `OR1Trainer`) into its
     `output_dir/README.md`: its config, state, base model, train dataset and stages, and the eval results found in
@@ -224,13 +311,15 @@ def write_for_trainer(trainer, dataset_name: str | None, stage_shapes=()) -> Non
     from .evaluation import read_summary
 
     args, train_dataset = trainer.args, trainer.train_dataset
+    card_path = os.path.join(args.output_dir, "README.md")
+    base_model = base_model_name(get_config_model_id(trainer.accelerator.unwrap_model(trainer.model).config))
+    tidy_trl_card(card_path, base_model, dataset_name, snippet_model(args, trainer.hub_model_id))
     section = or1_section(
-        args, trainer.state,
-        base_model=get_config_model_id(trainer.accelerator.unwrap_model(trainer.model).config) or None,
+        args, trainer.state, base_model=base_model,
         dataset_name=dataset_name,
         num_prompts=len(train_dataset) if isinstance(train_dataset, Dataset) else None,
         eval_summary=read_summary(os.path.join(args.output_dir, EVAL_SUBDIR)), stage_shapes=stage_shapes)
-    write_section(os.path.join(args.output_dir, "README.md"), section)
+    write_section(card_path, section)
 
 
 def update_eval_block(card_path: str, summary: Mapping) -> bool:

@@ -16,7 +16,8 @@ from or1_trl import OR1Config, OR1Trainer
 from or1_trl.cli import main
 from or1_trl.demos.tiny import addition_dataset
 from or1_trl.eval.evaluation import SUMMARY_JSON, summarize
-from or1_trl.eval.model_card import EVAL_END, EVAL_START, SECTION_START, trained_completion_length
+from or1_trl.eval.model_card import (EVAL_END, EVAL_START, SECTION_START, base_model_name, first_sentence,
+                                     tidy_trl_card, trained_completion_length)
 from or1_trl.rewards import MathReward
 from or1_trl.testing import save_tiny_model, tiny_training_args
 
@@ -53,7 +54,10 @@ def test_card_records_the_run_and_eval_results(tmp_path, capsys):
     meta = card_metadata(card)
     assert {"or1", "trl", "grpo"} <= set(meta["tags"]) and meta["datasets"] == "local/additions"
     assert card.count(SECTION_START) == 1 and card.index(SECTION_START) < card.index("### Framework versions")
-    assert f"- **Base model:** `{base}`" in card
+    # The base model is a folder that records no name: the card omits it rather than print this machine's path.
+    assert "Base model" not in card and "[None]" not in card and str(tmp_path) not in card and "licence" not in meta
+    assert "This model was fine-tuned on the [local/additions](https://huggingface.co/datasets/local/additions)" in card
+    assert 'pipeline("text-generation", model="run"' in card  # not pushed: the output dir's name, not "None"
     assert "- **Training data:** `local/additions`, 16 prompts" in card and "- **Steps:** 2 of 2" in card
     assert "| 0 | 0–1 | 6 | 2 | 2 | 4 | 1 | 1e-06 |" in card and "| 1 | 1–2 | 8 | 2 | 2 | 4 | 1 | 1e-06 |" in card
     assert trained_completion_length(str(out)) == 8  # the last stage's: what `or1-trl eval` samples a training file for
@@ -87,6 +91,57 @@ def test_card_records_the_run_and_eval_results(tmp_path, capsys):
     block = card[card.index(EVAL_START):card.index(EVAL_END)]
     assert "| add4 | 4 |" in block and "| aime24 | 2 |" not in block  # other settings: the earlier summary is replaced
     assert card.count(SECTION_START) == 1 and "### Final training metrics (step 2)" in card
+
+
+def trl_card(path, base_model, dataset_name, hub_model_id=None) -> str:
+    """The card TRL's own `generate_model_card` writes (what `GRPOTrainer.create_model_card` saves), at `path`."""
+    from trl.trainer.utils import generate_model_card
+
+    card = generate_model_card(base_model=base_model, model_name="run", hub_model_id=hub_model_id,
+                               dataset_name=dataset_name, tags=["or1"], wandb_url=None, trackio_url=None,
+                               trainer_name="OR1", trainer_citation=None)
+    card.save(path)
+    return str(path)
+
+
+def test_the_card_names_the_base_model_as_the_user_knows_it_and_never_a_machine_path(tmp_path):
+    packaged = tmp_path / "models" / "smollm2-135m-instruct"  # a folder `or1-trl model smollm2` built
+    packaged.mkdir(parents=True)
+    (packaged / "or1_model.json").write_text(json.dumps({"model": "SmolLM2-135M-Instruct", "files": {}}))
+    earlier_run = tmp_path / "stage1"  # an earlier run's output dir: its card names that run's base model
+    earlier_run.mkdir()
+    trl_card(earlier_run / "README.md", "HuggingFaceTB/SmolLM2-135M-Instruct", None)
+    assert base_model_name(str(packaged)) == "SmolLM2-135M-Instruct"
+    assert base_model_name(str(earlier_run)) == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert base_model_name("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"  # not a folder: a Hub id
+    assert base_model_name(str(tmp_path)) is None and base_model_name(None) is None  # records nothing: unknown
+
+    local_file = tmp_path / "mytrain.jsonl"
+    local_file.write_text("{}\n")
+    # TRL's card for a local base model (TRL passes None) and a local file, before the run is pushed:
+    card_path = trl_card(tmp_path / "README.md", None, str(local_file))
+    before = open(card_path).read()
+    assert "[None](https://huggingface.co/None)" in before and "licence: license" in before  # what TRL writes
+    assert f"https://huggingface.co/datasets/{local_file}" in before and 'model="None"' in before
+    tidy_trl_card(card_path, base_model="SmolLM2-135M-Instruct", dataset_name=str(local_file), model_ref="outputs/run")
+    after = open(card_path).read()
+    meta = card_metadata(after)
+    assert "This model is a fine-tuned version of SmolLM2-135M-Instruct on a local dataset (`mytrain.jsonl`)." in after
+    assert "base_model" not in meta and "datasets" not in meta and "licence" not in meta  # not Hub ids: no metadata
+    assert 'model="outputs/run"' in after and "None" not in after and str(tmp_path) not in after
+    assert meta["library_name"] == "transformers" and "or1" in meta["tags"]  # the rest of TRL's metadata kept
+
+    # A Hub base model and a Hub dataset, once pushed: linked, and in the metadata.
+    card_path = trl_card(tmp_path / "hub.md", "Qwen/Qwen2.5-0.5B-Instruct", "my/math", hub_model_id="me/run")
+    tidy_trl_card(card_path, base_model="Qwen/Qwen2.5-0.5B-Instruct", dataset_name="my/math", model_ref="me/run")
+    after = open(card_path).read()
+    assert ("This model is a fine-tuned version of [Qwen/Qwen2.5-0.5B-Instruct](https://huggingface.co/Qwen/"
+            "Qwen2.5-0.5B-Instruct) on the [my/math](https://huggingface.co/datasets/my/math) dataset.") in after
+    meta = card_metadata(after)
+    assert meta["base_model"] == "Qwen/Qwen2.5-0.5B-Instruct" and meta["datasets"] == "my/math"
+    assert 'model="me/run"' in after
+    # Unknown base model, no dataset named.
+    assert first_sentence(None, None) == "This model was fine-tuned."
 
 
 # --------------------------------------------------------------------------------------------------------------
