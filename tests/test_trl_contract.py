@@ -111,6 +111,8 @@ CONTRACT: list[Use] = [
         "trainer.py overrides: the prompt pool's sampler (prompts.PromptSampler) when stages are set"),
     Use(GRPO, "_save_checkpoint", METHOD, "self, model, trial",
         "trainer.py overrides: OR1 state files and the completeness marker after TRL's files, then rotation"),
+    Use(GRPO, "_issue_warnings_after_load", METHOD, "self, load_result",
+        "trainer.py overrides: a tied weight a checkpoint holds once is not reported missing (checkpoint.py)"),
     Use(GRPO, "_load_optimizer_and_scheduler", METHOD, "self, checkpoint",
         "trainer.py overrides: a stage's learning rate after TRL restores the optimizer (and the controller)"),
     Use(GRPO, "create_model_card", METHOD, "self, model_name=, dataset_name=, tags=",

@@ -5,19 +5,17 @@ line per step is `or1_trl.trainer.step_printer`'s (`StepPrinter`, `show_steps`);
 - `interrupted_line`: Ctrl-C during training ends with this one line (exit status 130) instead of a traceback.
 - `quiet_deprecations`: transformers' `gradient_checkpointing` FutureWarnings, which TRL's own calls raise at every
   step (TRL's generation toggles checkpointing by the deprecated names), kept off the screen while a command trains.
-- `console_output`: all of `or1-trl train`'s console settings for its duration: `quiet_deprecations`, or1-trl's
+- `console_output`: all of `or1-trl train`'s console settings for its duration: `quiet_deprecations`, and or1-trl's
   one-line decisions shown (its loggers at INFO on the main process unless `--log_level` says otherwise: the
-  weight-sync directory and what is synced, the log-prob backend, the checkpoint a resume took), and transformers'
-  "missing keys" warning on resuming a model with tied weights replaced by what it means (`TiedKeysExplained`).
+  weight-sync directory and what is synced, the log-prob backend, the checkpoint a resume took). A tied head
+  "missing" from a checkpoint is the trainer's to keep quiet (`checkpoint.without_tied_keys`), for every caller.
 """
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import logging
 import os
-import re
 import sys
 import warnings
 
@@ -98,39 +96,11 @@ def stop_on_interrupt(parser, trainer=None):
         parser.exit(130, f"{parser.prog}: {line}\n" if trainer.is_world_process_zero() else None)
 
 
-class TiedKeysExplained(logging.Filter):
-    """On transformers' trainer logger: its warning "There were missing keys in the checkpoint model loaded: [...]"
-    when every key named is a weight tied to another one of `model` (e.g. `lm_head.weight`, tied to the embeddings,
-    which a checkpoint saves once) becomes one INFO line saying so: the weight is restored through the one it is tied
-    to, nothing is missing. Any other missing key keeps the warning."""
-
-    MESSAGE = re.compile(r"There were missing keys in the checkpoint model loaded: (\[.*\])\.")
-
-    def __init__(self, model):
-        super().__init__()
-        names: dict[int, list[str]] = {}
-        for name, param in model.named_parameters(remove_duplicate=False):
-            names.setdefault(id(param), []).append(name)
-        self.tied_to = {name: next(other for other in group if other != name)
-                        for group in names.values() if len(group) > 1 for name in group}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        match = self.MESSAGE.fullmatch(record.getMessage())
-        if match:
-            missing = ast.literal_eval(match.group(1))
-            if missing and all(key in self.tied_to for key in missing):
-                pairs = ", ".join(f"{key} is tied to {self.tied_to[key]}" for key in missing)
-                record.msg, record.args = (f"Resumed the model: {pairs}, which the checkpoint holds (tied weights are "
-                                           "saved once), so nothing is missing."), ()
-                record.levelno, record.levelname = logging.INFO, "INFO"
-        return True
-
-
 @contextlib.contextmanager
-def console_output(args, trainer=None):
+def console_output(args):
     """`or1-trl train`'s console for the block: `quiet_deprecations`; or1-trl's loggers at INFO on the main process
-    (`args.log_level` when set, `args.log_level_replica` elsewhere) through one handler printing the message alone;
-    with `trainer`, `TiedKeysExplained` on transformers' trainer logger. All undone on exit."""
+    (`args.log_level` when set, `args.log_level_replica` elsewhere) through one handler printing the message alone.
+    All undone on exit."""
     main = args.process_index == 0
     name = args.log_level if main else args.log_level_replica
     # transformers' level names are Python's ("debug" ... "critical"), and "passive": ours show INFO on the main
@@ -139,18 +109,12 @@ def console_output(args, trainer=None):
     package = logging.getLogger("or1_trl")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    explained = TiedKeysExplained(trainer.accelerator.unwrap_model(trainer.model)) if trainer is not None else None
-    trainer_logger = logging.getLogger("transformers.trainer")
     previous = package.level
     package.setLevel(level)
     package.addHandler(handler)
-    if explained is not None:
-        trainer_logger.addFilter(explained)
     try:
         with quiet_deprecations():
             yield
     finally:
         package.removeHandler(handler)
         package.setLevel(previous)
-        if explained is not None:
-            trainer_logger.removeFilter(explained)

@@ -139,6 +139,6 @@ def train(argv: list[str] | None = None, prog: str | None = "or1-trl train") -> 
         trainer = build_trainer(script_args, training_args, model_args)
     with (stop_on_interrupt(parser, trainer),
           failure_line(parser, DiskFullError, NonFiniteStop, NonFiniteLogitsError),
-          console_output(training_args, trainer)):
+          console_output(training_args)):
         # a full disk while saving, NaN/inf gradients steps in a row, NaN logits at sampling: one line, exit 1
         train_and_save(trainer, script_args.dataset_name)

@@ -228,6 +228,22 @@ def resolve_resume(output_dir: str, resume_from_checkpoint: str | bool | None, r
     return None
 
 
+def without_tied_keys(model, load_result):
+    """transformers' `load_result` (torch's `_IncompatibleKeys`) of loading a checkpoint into `model`, less the missing
+    keys that are weights tied to one the checkpoint holds: SmolLM2's `lm_head.weight` *is* its embeddings' tensor
+    (one parameter under two names), which safetensors saves once, so loading the embeddings loaded the head and
+    nothing is missing. Tied means the same parameter object now, after loading; a missing key whose tie does not
+    hold (another name, a separate tensor) stays, and transformers warns about it as before."""
+    names_of: dict[int, list[str]] = {}  # id(parameter) -> every name it has
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(parameter), []).append(name)
+    missing = set(load_result.missing_keys)
+    loaded_through_a_tie = {name for names in names_of.values() if any(other not in missing for other in names)
+                            for name in names if name in missing}
+    return load_result._replace(missing_keys=[key for key in load_result.missing_keys
+                                              if key not in loaded_through_a_tie])
+
+
 def _step(folder: str) -> int | str:
     """The step a complete checkpoint `folder` holds (its `trainer_state.json`), "?" if unreadable."""
     try:

@@ -458,9 +458,10 @@ class RunWatch:
 
 
 def changed_defaults(args) -> list[str]:
-    """The line that says which defaults `OR1Config` (the MAGIC recipe) changes of `GRPOConfig`'s, or none."""
+    """The line that says which defaults `OR1Config` (the MAGIC recipe) changes of `GRPOConfig`'s, or none: the
+    values OR1 uses (`GRPOConfig`'s are in docs/or1_trainer.md and `args.changed_defaults()`), kept short."""
     changed = args.changed_defaults()
     if not changed:
         return []
-    return ["OR1Config runs the MAGIC recipe; these defaults differ from GRPOConfig's (set them to change): "
-            + ", ".join(f"{name}={value!r} (GRPOConfig: {trl!r})" for name, value, trl in changed)]
+    return ["OR1Config's MAGIC defaults, not GRPOConfig's: "
+            + ", ".join(f"{name}={value!r}" for name, value, _ in changed) + " (set one to change it)"]

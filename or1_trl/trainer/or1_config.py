@@ -605,10 +605,17 @@ class OR1Config(GRPOConfig):
         "prompt pool, over-long prompts a warning, no OR1 default announced or in the model card.")})
 
     @classmethod
-    def from_grpo(cls, args: GRPOConfig) -> "OR1Config":
+    def from_grpo(cls, args: GRPOConfig | None, model=None) -> "OR1Config":
         """`args` itself if it is an `OR1Config`; for a plain `GRPOConfig`, an `OR1Config` holding its values, with
         every OR1 field at the value that reproduces `GRPOTrainer` (`TRL_BEHAVIOUR`). `args` is validated already
-        (by TRL's `__post_init__`): its values are taken as they are, none of OR1's defaults or checks applied."""
+        (by TRL's `__post_init__`): its values are taken as they are, none of OR1's defaults or checks applied.
+        `None` (a trainer given no config): OR1's defaults, in an output dir named after `model` as `GRPOTrainer`
+        names its own ("<model name>-OR1")."""
+        if args is None:
+            from trl.trainer.utils import get_config_model_id
+
+            name = model if isinstance(model, str) else get_config_model_id(model.config)
+            return cls(f"{name.split('/')[-1]}-OR1")
         if isinstance(args, cls):
             return args
         config = cls.__new__(cls)

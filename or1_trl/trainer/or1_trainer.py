@@ -44,7 +44,6 @@ from contextlib import nullcontext
 import torch
 from transformers.utils import logging
 from trl import GRPOConfig, GRPOTrainer
-from trl.trainer.utils import get_config_model_id
 
 from ..data.released import released_format_inputs
 from ..eval import model_card
@@ -97,10 +96,7 @@ class OR1Trainer(GRPOTrainer):
 
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None,
                  eval_dataset=None, *rest, **kwargs):
-        if args is None:
-            model_name = model if isinstance(model, str) else get_config_model_id(model.config)
-            args = OR1Config(f"{model_name.split('/')[-1]}-OR1")
-        args = OR1Config.from_grpo(args)  # a plain GRPOConfig: every OR1 field at TRL's behaviour (`TRL_BEHAVIOUR`)
+        args = OR1Config.from_grpo(args, model)  # a plain GRPOConfig: every OR1 field at TRL's behaviour
         # The released (verl) format gets our columns, and each row its verifier when none is given.
         reward_funcs, train_dataset, eval_dataset = released_format_inputs(reward_funcs, train_dataset, eval_dataset)
         preflight(model, reward_funcs, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset)
@@ -386,6 +382,10 @@ class OR1Trainer(GRPOTrainer):
 
     def _save_checkpoint(self, model, trial):
         checkpoint.save_complete(self, lambda: super(OR1Trainer, self)._save_checkpoint(model, trial), trial)
+
+    def _issue_warnings_after_load(self, load_result):  # at every resume and stage start: a tied head is not missing
+        super()._issue_warnings_after_load(checkpoint.without_tied_keys(self.accelerator.unwrap_model(self.model),
+                                                                        load_result))
 
     # --- 0. Stages (§3.2.2, `stage_run.py`) over the prompt schedule (§3.1, `prompts.py`)
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):

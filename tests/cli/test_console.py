@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from or1_trl.cli.console import TiedKeysExplained, closing_lines, interrupted_line
+from or1_trl.cli.console import closing_lines, interrupted_line
 from or1_trl.generation.serve import API_KEY_ENV
 from or1_trl.testing import save_tiny_model, tiny_model_and_tokenizer
 from ..helpers import ENV
@@ -31,26 +31,6 @@ def test_closing_and_interrupted_lines_name_the_files_and_the_next_commands():
         "Interrupted at step 7 of 20: checkpoint-6 is complete (checkpoint-7 is incomplete: resuming skips it); "
         "continue with the same command and --resume_from_checkpoint true.")
     assert "before its first complete checkpoint" in interrupted_line("out", 1, 20, None, [])
-
-
-def test_the_missing_tied_weight_warning_is_explained_and_any_other_kept():
-    model, _ = tiny_model_and_tokenizer(seed=0, tie_word_embeddings=True)
-    explained = TiedKeysExplained(model)
-
-    def record(keys):
-        message = logging.LogRecord("transformers.trainer", logging.WARNING, __file__, 1,
-                                    "There were missing keys in the checkpoint model loaded: %s.", (keys,), None)
-        assert explained.filter(message)
-        return message
-
-    tied = record(["lm_head.weight"])
-    assert tied.levelno == logging.INFO and tied.getMessage() == (
-        "Resumed the model: lm_head.weight is tied to model.embed_tokens.weight, which the checkpoint holds (tied "
-        "weights are saved once), so nothing is missing.")
-    other = record(["lm_head.weight", "model.norm.weight"])  # a real loss: the warning stays
-    assert other.levelno == logging.WARNING and "missing keys" in other.getMessage()
-    untied = TiedKeysExplained(tiny_model_and_tokenizer(seed=0)[0])
-    assert untied.tied_to == {}
 
 
 INTERRUPTER = '''
@@ -121,11 +101,11 @@ def test_a_run_prints_a_line_per_step_ctrl_c_one_line_and_a_resume_what_it_took(
     assert "Log-probs and entropies: logprob_backend=" in stopped.stderr
     assert "gradient_checkpointing" not in stopped.stderr and "FutureWarning" not in stopped.stderr
 
-    # The same command with --resume_from_checkpoint true: which checkpoint it took, the tied head explained.
+    # The same command with --resume_from_checkpoint true: which checkpoint it took; nothing of the tied head, which
+    # the checkpoint holds once (`checkpoint.without_tied_keys`).
     resumed = train(run_files, "--resume_from_checkpoint", "true")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"Resuming from {out / 'checkpoint-2'} (step 2), the newest complete checkpoint." in resumed.stderr
-    assert "Resumed the model: lm_head.weight is tied to model.embed_tokens.weight" in resumed.stderr
     assert "There were missing keys" not in resumed.stderr
     lines = resumed.stdout.splitlines()
     assert [line[:10] for line in lines if line.startswith("step ")] == ["step   3/4", "step   4/4"]

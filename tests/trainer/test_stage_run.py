@@ -197,3 +197,43 @@ def test_refill_fills_the_batch_with_informative_groups(tmp_path):
     assert logged(trainer, "refill/generated_rows") == [r * B * G for r in rounds]
     records = stats_records(tmp_path)
     assert sum(r["samples"] for r in records) == (len(rounds) + sum(rounds)) * B * G  # refill rollouts are counted too
+
+
+def test_a_tied_head_stays_tied_through_each_stage_reload_and_nothing_is_reported_missing(tmp_path, caplog):
+    """Each stage resumes from the checkpoint that ended the previous one. A model whose head is its embeddings
+    (SmolLM2's `tie_word_embeddings`) has the tensor saved once, so transformers reports `lm_head.weight` missing at
+    every reload; `OR1Trainer` says nothing when the tie holds, and the head goes on being the embeddings."""
+    from transformers.utils import logging as hf_logging
+
+    model, tokenizer = tiny_model_and_tokenizer(seed=0, tie_word_embeddings=True)
+    embeddings_at_start = model.get_input_embeddings().weight.detach().clone()
+    stages = [{**STAGES[0], "until_step": 1}, {**STAGES[1], "until_step": 2}]
+    args = OR1Config(**tiny_training_args(tmp_path, learning_rate=1e-2, max_steps=-1, stages=stages))
+    trainer = OR1Trainer(model, ScriptedReward(), args=args, train_dataset=tagged_dataset(["MIX"] * 16),
+                         processing_class=tokenizer)  # every group informative: every step updates
+    hf_logging.enable_propagation()
+    try:
+        with caplog.at_level("WARNING", logger="transformers.trainer"):
+            trainer.train()
+    finally:
+        hf_logging.disable_propagation()
+    assert trainer.state.global_step == 2 and logged(trainer, "stage") == [0, 1]  # the second stage reloaded
+    assert not [r for r in caplog.records if "missing keys" in r.getMessage()]
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    head, embeddings = policy.get_output_embeddings().weight, policy.get_input_embeddings().weight
+    assert head is embeddings  # still one tensor: the head moves with the embeddings
+    assert not torch.equal(embeddings.detach(), embeddings_at_start)  # and they did move
+
+
+def test_a_missing_weight_that_is_not_tied_is_still_reported():
+    from torch.nn.modules.module import _IncompatibleKeys
+
+    from or1_trl.trainer.checkpoint import without_tied_keys
+
+    tied, _ = tiny_model_and_tokenizer(seed=0, tie_word_embeddings=True)
+    untied, _ = tiny_model_and_tokenizer(seed=0)
+    result = _IncompatibleKeys(missing_keys=["lm_head.weight"], unexpected_keys=[])
+    assert without_tied_keys(tied, result).missing_keys == []
+    assert without_tied_keys(untied, result).missing_keys == ["lm_head.weight"]  # a separate tensor: really missing
+    both = _IncompatibleKeys(missing_keys=["lm_head.weight", "model.embed_tokens.weight"], unexpected_keys=["x"])
+    assert without_tied_keys(tied, both) == both  # neither name was loaded: the tensor is missing
