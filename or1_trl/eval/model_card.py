@@ -151,7 +151,8 @@ def eval_block(summary: Mapping | None) -> str:
     from .evaluation import summary_markdown
 
     if summary:
-        body = f"`or1-trl eval` results (`{EVAL_SUBDIR}/eval_summary.json`):\n\n{summary_markdown(summary, name_model=False)}"
+        table = summary_markdown(summary, name_model=False)  # the model is this card's: its path is the machine's
+        body = f"`or1-trl eval` results (`{EVAL_SUBDIR}/eval_summary.json`):\n\n{table}"
     else:
         body = (f"No `or1-trl eval` results yet: `or1-trl eval --model <output_dir>` writes them to "
                 f"`<output_dir>/{EVAL_SUBDIR}/` and into this card.\n")
