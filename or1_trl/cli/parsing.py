@@ -231,7 +231,33 @@ def parse_command(parser, argv: list[str] | None, vllm_args: bool = False):
         parser.error(f"unrecognized arguments: {' '.join(cli_unknown)}{did_you_mean(parser, cli_unknown)}")
     if config_unknown:
         parser.error(f"unknown keys in the --config file: {', '.join(s[2:] for s in config_unknown[::2])}")
+    quiet_libraries()
     return (*parsed, cli_unknown) if vllm_args else tuple(parsed)
+
+
+def quiet_libraries(stream=None) -> None:
+    """What a command keeps off its output once its arguments are read:
+
+    - the libraries' progress bars (datasets' map, transformers' and the Hub's downloads and saves) when the output is
+      not a terminal: a log file gets every redraw of every bar;
+    - DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it." on
+      a machine without CUDA (DeepSpeed, which the `dev` extra installs, is imported by accelerate): `DS_ACCELERATOR`
+      is set to `cpu`, what DeepSpeed chooses there anyway, unless the user set it."""
+    import importlib.util
+
+    if not (stream or sys.stderr).isatty():
+        import datasets
+        import huggingface_hub.utils
+        from transformers.utils import logging as hf_logging
+
+        datasets.disable_progress_bars()
+        hf_logging.disable_progress_bar()
+        huggingface_hub.utils.disable_progress_bars()
+    if "DS_ACCELERATOR" not in os.environ and importlib.util.find_spec("deepspeed") is not None:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["DS_ACCELERATOR"] = "cpu"
 
 
 def did_you_mean(parser, unknown: list[str]) -> str:

@@ -69,12 +69,13 @@ def build_trainer(script_args, training_args, model_args):
             print("\n".join(report), flush=True)
     if script_args.chat_prompts:
         dataset = as_user_turns(dataset)
-    training_args.model_init_kwargs = {
-        **(training_args.model_init_kwargs or {}),
-        "revision": model_args.model_revision,
-        "dtype": model_args.dtype,
-        "attn_implementation": model_args.attn_implementation,
-    }
+    if isinstance(model, str):  # TRL loads it with these (TRL warns that they are ignored for a loaded model)
+        training_args.model_init_kwargs = {
+            **(training_args.model_init_kwargs or {}),
+            "revision": model_args.model_revision,
+            "dtype": model_args.dtype,
+            "attn_implementation": model_args.attn_implementation,
+        }
     return OR1Trainer(model=model, reward_funcs=reward_funcs + extra_rewards, args=training_args,
                       train_dataset=dataset, processing_class=tokenizer, peft_config=get_peft_config(model_args))
 

@@ -262,7 +262,7 @@ def prepare_dataset(dataset, problem_column: str = "prompt", answer_column: str 
     reward = math_reward or MathReward(num_workers=num_proc or 1, warmup=False)
     outcome = {}
     chunk = 1000
-    with tqdm(total=len(tasks), desc="Verifying answers", disable=not tasks) as bar:
+    with tqdm(total=len(tasks), desc="Verifying answers", disable=None if tasks else True) as bar:  # a terminal only
         for start in range(0, len(tasks), chunk):
             part = tasks[start : start + chunk]
             for (i, _, golds), (score, status) in zip(part, reward.score_with_status(

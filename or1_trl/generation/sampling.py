@@ -64,7 +64,8 @@ apply):
 - `HFBackend(model)`: `model.generate` in this process, `batch_size` sequences per call (left-padded), one process
   (no accelerate/DDP sharding). For tests, CPU runs and models vLLM does not serve.
 
-A progress bar (tqdm) counts prompts, with the rate and ETA over this session, and the generated tokens per second.
+A progress bar (tqdm) counts prompts, with the rate and ETA over this session, and the generated tokens per second;
+on a terminal only (a log file would get every redraw).
 """
 
 from __future__ import annotations
@@ -623,7 +624,7 @@ def sample(
         raise ValueError(f"the store was opened with {store.settings}, but sample() was given {settings}")
     records: dict[str, dict] = {} if store is None else store.records
     todo = [(pid, prompt) for pid, prompt in items if pid not in records]
-    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=desc, unit="prompt", disable=not progress,
+    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=desc, unit="prompt", disable=None if progress else True,
                dynamic_ncols=True, smoothing=0.1)
     tokens, started = 0, time.monotonic()
     try:

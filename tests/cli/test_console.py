@@ -100,6 +100,9 @@ def test_a_run_prints_a_line_per_step_ctrl_c_one_line_and_a_resume_what_it_took(
     assert stopped.stderr.count("The prompts are plain strings (the first: 'Q: 0+1=? A:')") == 1
     assert "Log-probs and entropies: logprob_backend=" in stopped.stderr
     assert "gradient_checkpointing" not in stopped.stderr and "FutureWarning" not in stopped.stderr
+    # Output to a pipe (a log file): no progress bar redraws (datasets' map, the save's shards); no DeepSpeed guess.
+    assert not re.search(r"it/s\]|examples/s\]", stopped.stdout + stopped.stderr)
+    assert "Setting accelerator to CPU" not in stopped.stderr and "model_init_kwargs" not in stopped.stderr
 
     # The same command with --resume_from_checkpoint true: which checkpoint it took; nothing of the tied head, which
     # the checkpoint holds once (`checkpoint.without_tied_keys`).
