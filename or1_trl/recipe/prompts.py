@@ -39,6 +39,22 @@ def content_id(prompt) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
+#: Characters of a prompt's text in each of its `prompt_stats.jsonl` records (`prompt_preview`).
+PROMPT_PREVIEW = 120
+
+
+def prompt_preview(prompt, limit: int = PROMPT_PREVIEW) -> str:
+    """The text a user recognises a prompt by: a string prompt, or a conversation's last user turn (its first turn
+    when none is the user's), whitespace collapsed to single spaces, cut to `limit` characters with "…"."""
+    if not isinstance(prompt, str):
+        turns = [turn for turn in prompt if turn.get("role") == "user"] or list(prompt)
+        content = turns[-1].get("content", "") if turns else ""
+        prompt = content if isinstance(content, str) else " ".join(  # multimodal content: its text parts
+            part.get("text", "") for part in content if isinstance(part, dict))
+    text = " ".join(prompt.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def prompt_ids(dataset, column: str = "id") -> list[str]:
     """One id per row: `dataset[column]` as strings, or the content hash of `dataset["prompt"]` without that column.
 
@@ -138,8 +154,9 @@ class PromptStats:
 
 class StatsLog:
     """`prompt_stats.jsonl`: one record per prompt and rollout step, appended and flushed (main process only):
-    `{prompt_id, stage, epoch, step, samples, correct, truncated, mean_length}` (`epoch`: the pass over the pool within
-    the stage; `one_shot.py` reads it).
+    `{prompt_id, stage, epoch, step, samples, correct, truncated, mean_length, prompt}` (`epoch`: the pass over the
+    pool within the stage; `prompt`: the prompt's first characters, `prompt_preview`, when the schedule was given the
+    texts; `one_shot.py` reads it).
 
     `size` (bytes) is saved in checkpoints; resuming truncates the file back to it, so a run killed after a
     checkpoint has no duplicated or missing steps once resumed.
@@ -292,6 +309,7 @@ class PromptSchedule:
         ids: one prompt id per dataset row (`prompt_ids`).
         seed: the run's seed (the samplers' permutations).
         log_path: path of `prompt_stats.jsonl`.
+        texts: one `prompt_preview` per dataset row, written beside each record's id (None: ids only).
     """
 
     STATE_FILES = (PROMPTS_STATE_FILE, PROMPT_STATS_STATE_FILE)
@@ -300,11 +318,13 @@ class PromptSchedule:
     def over(cls, dataset, id_column: str | None, seed: int, log_path: str, index_column: str):
         """`(schedule, dataset)`: the schedule over a map-style `datasets.Dataset` (ids by `prompt_ids`), and the
         dataset with `index_column`, each row's index, added for the per-prompt statistics."""
-        schedule = cls(prompt_ids(dataset, id_column), seed, log_path)
+        prompts = dataset["prompt"]
+        schedule = cls(prompt_ids(dataset, id_column), seed, log_path, texts=[prompt_preview(p) for p in prompts])
         return schedule, dataset.add_column(index_column, list(range(len(dataset))))
 
-    def __init__(self, ids: list[str], seed: int, log_path: str):
+    def __init__(self, ids: list[str], seed: int, log_path: str, texts: list[str] | None = None):
         self.ids = ids
+        self.texts = texts  # each row's `prompt_preview`, for the log (None: the log names prompts by id only)
         self.seed = seed
         self.pool = PromptPool(ids)
         self.stats = PromptStats()
@@ -375,7 +395,8 @@ class PromptSchedule:
             self.stats.add(stage, pid, outcome)
             records.append({"prompt_id": pid, "stage": stage, "epoch": epoch, "step": step, "samples": outcome.samples,
                             "correct": outcome.correct, "truncated": outcome.truncated,
-                            "mean_length": outcome.length_sum / outcome.samples})
+                            "mean_length": outcome.length_sum / outcome.samples,
+                            **({"prompt": self.texts[row]} if self.texts is not None else {})})
         if write_log:
             self.log.append(records)
         if not refill:

@@ -8,8 +8,8 @@ import os
 import pytest
 from datasets import Dataset
 
-from or1_trl.recipe.prompts import (Outcome, PromptPool, PromptSampler, PromptSchedule, PromptStats, StatsLog,
-                                    batch_outcomes, content_id, prompt_ids)
+from or1_trl.recipe.prompts import (PROMPT_PREVIEW, Outcome, PromptPool, PromptSampler, PromptSchedule, PromptStats,
+                                    StatsLog, batch_outcomes, content_id, prompt_ids, prompt_preview)
 
 
 def test_prompt_ids_from_column_or_content():
@@ -111,6 +111,10 @@ def test_prompt_schedule_records_epochs_and_counts_batches(tmp_path):
     assert len(records) == 4 * 2 + 1
     assert records[0] == {"prompt_id": f"p{first[0]}", "stage": 0, "epoch": 0, "step": 1, "samples": 2, "correct": 2,
                           "truncated": 1, "mean_length": 5.0}
+    # Given the prompts' texts (as `PromptSchedule.over` gives them), each record carries its prompt's preview.
+    named = PromptSchedule(["a", "b"], seed=0, log_path=str(tmp_path / "named.jsonl"), texts=["What is 2+2?", "x"])
+    assert [r["prompt"] for r in named.record(0, 1, *_rows([1, 0], 2, [1, 0]), prompts_per_batch=2)] == ["x",
+                                                                                                      "What is 2+2?"]
     quiet = PromptSchedule(["a", "b"], seed=0, log_path=str(tmp_path / "other.jsonl"))
     quiet.record(0, 1, *_rows([0], 2, [1]), prompts_per_batch=1, write_log=False)  # not the main process
     assert not os.path.exists(tmp_path / "other.jsonl") and quiet.stats.stage(0)["a"].samples == 2
@@ -159,3 +163,12 @@ def test_prompt_schedule_refill_stream_and_state_round_trip(tmp_path):
 # ------------------------------------------------------------------------------------------------------------
 # Through the trainer
 # ------------------------------------------------------------------------------------------------------------
+
+
+def test_a_prompt_preview_is_the_text_a_user_recognises():
+    assert prompt_preview("  What   is\n 2+2?  ") == "What is 2+2?"
+    conversation = [{"role": "system", "content": "Reason step by step."}, {"role": "user", "content": "Solve x+1=3."}]
+    assert prompt_preview(conversation) == "Solve x+1=3."  # the user's turn, not the system prompt
+    assert prompt_preview([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Count."}]}]) == "Count."
+    long = "a" * 300
+    assert prompt_preview(long) == "a" * (PROMPT_PREVIEW - 1) + "…" and len(prompt_preview(long)) == PROMPT_PREVIEW

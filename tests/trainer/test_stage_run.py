@@ -56,6 +56,7 @@ def test_two_stages_in_one_train_call(two_stage_run):
     for r in records:
         assert r["samples"] == (G if r["stage"] == 0 else 8) and r["mean_length"] == (4 if r["stage"] == 0 else 6)
         assert r["stage"] == (0 if r["step"] <= 3 else 1)
+        assert r["prompt"].split(":")[0] in {"ALL", "MIX", "NONE"}  # the prompt's text beside its id (issue 49)
         assert len([q for q in records if q["step"] == r["step"]]) == 2  # 2 prompts per rollout step
     # the stage boundary left a complete checkpoint the second stage started from
     assert os.path.exists(os.path.join(output_dir, "checkpoint-3", "or1_checkpoint.json"))
