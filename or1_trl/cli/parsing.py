@@ -192,6 +192,19 @@ def group_options(parser: argparse.ArgumentParser, dataclass_types) -> None:
             group._group_actions.append(action)
 
 
+def first_group(parser: argparse.ArgumentParser, title: str, description: str, names: list[str]) -> None:
+    """Move the options of fields `names` (in that order) into a group `--help` prints first, before every other
+    group (the everyday flags of a command with hundreds); parsing is unchanged."""
+    group = parser.add_argument_group(title, description)
+    parser._action_groups.remove(group)
+    parser._action_groups.insert(parser._action_groups.index(parser._optionals) + 1, group)
+    for name in names:
+        for other in parser._action_groups:
+            for action in [a for a in other._group_actions if a.dest == name and other is not group]:
+                other._group_actions.remove(action)
+                group._group_actions.append(action)
+
+
 def command_parser(dataclass_types, prog: str | None, description: str, epilog: str | None = None,
                    usage: str | None = None):
     """TRL's `TrlParser` for `dataclass_types` (each field a flag, `--config FILE.yaml` for any of them) with short

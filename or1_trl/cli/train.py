@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ..data.released import REWARD_COLUMNS
 from ..rewards.by_name import TRL_REWARD_NAMES
 from .console import console_output, stop_on_interrupt
-from .parsing import command_parser, failure_line, hide_flag_value, input_errors, parse_command
+from .parsing import command_parser, failure_line, first_group, hide_flag_value, input_errors, parse_command
 
 
 @dataclass
@@ -102,6 +102,16 @@ class ScriptArguments:
                              "with it")
 
 
+#: The flags `or1-trl train --help` lists first: model, data, output, steps, batch, generations, lengths, saving,
+#: resuming, reporting.
+EVERYDAY_FLAGS = [
+    "model_name_or_path", "dataset_name", "output_dir", "max_steps", "per_device_train_batch_size",
+    "num_generations", "max_prompt_length", "max_completion_length", "learning_rate", "save_steps",
+    "resume_from_checkpoint", "report_to", "use_vllm", "vllm_mode", "vllm_server_base_url", "push_to_hub",
+    "hub_model_id",
+]
+
+
 def train_parser(prog: str | None = "or1-trl train"):
     """TRL's parser for the training arguments: `ScriptArguments`, `OR1Config`, `ModelConfig`, plus `--config`."""
     from trl import ModelConfig
@@ -118,6 +128,8 @@ def train_parser(prog: str | None = "or1-trl train"):
         usage="%(prog)s [-h] [--config RECIPE.yaml] [--model_name_or_path M --dataset_name D] [--FLAG VALUE ...]",
     )
     parser.set_defaults(logging_steps=1)  # a line per step (`step_printer.StepPrinter`); TRL's default logs every 10th
+    first_group(parser, "everyday flags", "what most runs set; every other flag follows, grouped as the code groups "
+                "them", EVERYDAY_FLAGS)
     return parser
 
 

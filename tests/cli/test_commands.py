@@ -154,34 +154,38 @@ def help_groups(text: str) -> dict[str, list[str]]:
 
 
 def test_train_help_groups_the_flags_ours_first_by_paper_section(capsys):
-    """`or1-trl train --help` lists its ~260 flags in groups, as the config docstrings group them: the data
-    (ScriptArguments), OR1Config's sections in its docstring's order (the paper's), TRL's ModelConfig, then GRPOConfig's
-    and TrainingArguments' sections; each flag once (not also as its --dashed-alias, which still parses)."""
+    """`or1-trl train --help` lists its ~260 flags in groups: the everyday flags first (issue 49: `--max_steps` was at
+    line 883), then as the config docstrings group them: the data (ScriptArguments), OR1Config's sections in its
+    docstring's order (the paper's), TRL's ModelConfig, then GRPOConfig's and TrainingArguments' sections; each flag
+    once (not also as its --dashed-alias, which still parses)."""
     from or1_trl.cli.parsing import docstring_sections
+    from or1_trl.cli.train import EVERYDAY_FLAGS
 
     code, out, _ = exit_code(capsys, "train", "--help")
     assert code == 0 and out.startswith("usage: or1-trl train [-h] [--config RECIPE.yaml]")
     groups = help_groups(out)
     titles = list(groups)
-    assert titles[:2] == ["options", "ScriptArguments"] and groups["options"] == ["-h"]
+    assert titles[:3] == ["options", "everyday flags", "ScriptArguments"] and groups["options"] == ["-h"]
+    assert groups["everyday flags"] == [f"--{name}" for name in EVERYDAY_FLAGS]
+    assert next(i for i, line in enumerate(out.splitlines()) if line.startswith("  --max_steps")) < 40
     or1_sections = list(dict.fromkeys(v for v in docstring_sections(OR1Config).values() if v))
-    assert titles[2:2 + len(or1_sections)] == [f"OR1Config: {section}" for section in or1_sections]
+    assert titles[3:3 + len(or1_sections)] == [f"OR1Config: {section}" for section in or1_sections]
     assert or1_sections[:2] == ["rejection sampling (§3.1)", "the adaptive entropy (eq. 3.2)"]
-    assert titles[2 + len(or1_sections)] == "ModelConfig (TRL)"
-    rest = titles[3 + len(or1_sections):]
+    assert titles[3 + len(or1_sections)] == "ModelConfig (TRL)"
+    rest = titles[4 + len(or1_sections):]
     assert rest[0] == "GRPOConfig (TRL): the model and reference model"
     assert all(t.startswith("GRPOConfig (TRL)") for t in rest[:rest.index(next(t for t in rest if "transformers" in t))])
     flags = [flag for group in groups.values() for flag in group]
     assert len(flags) == len(set(flags)) > 250 and not any("-" in flag[2:] for flag in flags)  # once, no aliases
     where = {flag: title for title, group in groups.items() for flag in group}
-    assert where["--dataset_name"] == where["--reward"] == "ScriptArguments"
+    assert where["--dataset_name"] == where["--max_steps"] == "everyday flags" and where["--reward"] == "ScriptArguments"
     assert where["--rejection_sampling"] == "OR1Config: rejection sampling (§3.1)"
     assert where["--entropy_target"] == where["--use_adaptive_entropy"] == where["--no_use_adaptive_entropy"] == \
         "OR1Config: the adaptive entropy (eq. 3.2)"  # TRL's fields that OR1 documents anew
-    assert where["--output_dir"] == where["--resume_from_checkpoint"] == where["--overwrite_output_dir"]
-    assert where["--model_name_or_path"] == where["--use_peft"] == "ModelConfig (TRL)"
-    assert where["--num_generations"] == "GRPOConfig (TRL): the data preprocessing"
-    assert where["--learning_rate"] == "TrainingArguments (transformers): Learning Rate & Scheduler"
+    assert where["--overwrite_output_dir"] == "OR1Config: the output directory, resuming, and the checks on prompts and rewards"
+    assert where["--use_peft"] == "ModelConfig (TRL)"
+    assert where["--num_generations_eval"] == "GRPOConfig (TRL): the data preprocessing"
+    assert where["--lr_scheduler_type"] == "TrainingArguments (transformers): Learning Rate & Scheduler"
     parsed = train_parser().parse_args_and_config(["--max-steps", "3", "--output-dir", "o", "--use_cpu", "true"])
     assert parsed[1].max_steps == 3  # the alias still parses
 
