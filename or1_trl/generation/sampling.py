@@ -624,7 +624,8 @@ def sample(
         raise ValueError(f"the store was opened with {store.settings}, but sample() was given {settings}")
     records: dict[str, dict] = {} if store is None else store.records
     todo = [(pid, prompt) for pid, prompt in items if pid not in records]
-    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=desc, unit="prompt", disable=None if progress else True,
+    bar = tqdm(total=len(items), initial=len(items) - len(todo), desc=desc, unit="prompt",
+               disable=None if progress else True,  # None: tqdm's "on a terminal only"
                dynamic_ncols=True, smoothing=0.1)
     tokens, started = 0, time.monotonic()
     try:
