@@ -3,7 +3,8 @@ train.
 
 - `step_line`: a step's line from its logged metrics (reward, accuracy, entropy, the entropy coefficient, the
   kept-group fraction, the step's time split) and the run's pace (elapsed time, ETA).
-- `StepPrinter`: prints it for each logged step, in place of transformers' printed metrics dict (its
+- `start_line`: before the first step, what it is doing (the rollout's shape, where it generates).
+- `StepPrinter`: prints the start line, then `step_line` for each logged step, in place of transformers' printed metrics dict (its
   `PrinterCallback` / `ProgressCallback`, removed by `show_steps`); the trackers of `report_to` still get every
   metric. `or1-trl train` logs every step (`logging_steps=1` unless set); with a longer logging window a line shows
   the window's means, as TRL logs them.
@@ -58,6 +59,21 @@ def step_line(logs: dict, step: int, max_steps: int, skipped_before: float | Non
     return " | ".join(parts)
 
 
+def start_line(step: int, max_steps: int, prompts: int, generations: int, max_tokens: int, generator: str) -> str:
+    """What the first step does, said before it starts (a real model's first rollout on a CPU takes minutes; a line
+    comes only when a step ends): step `step` (1-based) of `max_steps`, its rollout's shape and where it generates."""
+    return (f"Step {step} of {max_steps}: sampling {generations} completions for each of {prompts} prompts (up to "
+            f"{max_tokens} tokens) {generator}, then the rewards and the update; a line follows each step.")
+
+
+def generator_of(args) -> str:
+    """Where a trainer with config `args` generates, in words."""
+    if args.use_vllm:
+        where = args.vllm_server_base_url or f"{args.vllm_server_host}:{args.vllm_server_port}"
+        return f"on the vLLM server at {where}" if args.vllm_mode == "server" else "with vLLM in this process"
+    return f"with transformers' generate on {args.device.type.upper() if args.device.type != 'cpu' else 'the CPU'}"
+
+
 class StepPrinter(TrainerCallback):
     """Prints `step_line` for each logged training step on the main process; `rewards` keeps each line's reward.
     Evaluation logs get a line of their own (`eval at step N | ...`)."""
@@ -71,6 +87,10 @@ class StepPrinter(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if self._began is None:  # a stage's pass begins training again: the pace counts from the first
             self._began = (self._clock(), state.global_step)
+            if state.is_world_process_zero and args is not None:
+                print(start_line(state.global_step + 1, state.max_steps, args.generation_batch_size
+                                 // args.num_generations, args.num_generations, args.max_completion_length,
+                                 generator_of(args)), flush=True)
 
     def pace(self, step: int, max_steps: int) -> tuple[float, float] | None:
         """(seconds since training began, seconds left at the mean pace of the steps since), or `None` before."""

@@ -88,6 +88,7 @@ def test_a_run_prints_a_line_per_step_ctrl_c_one_line_and_a_resume_what_it_took(
     assert stopped.stderr.rstrip().splitlines()[-1] == (
         "or1-trl train: Interrupted at step 2 of 4: checkpoint-2 is complete; continue with the same command and "
         "--resume_from_checkpoint true.")
+    assert "Step 1 of 4: sampling " in stopped.stdout.split("step   1/4")[0]  # what step 1 does, before it runs
     steps = [line for line in stopped.stdout.splitlines() if line.startswith("step ")]
     assert [line[:10] for line in steps] == ["step   1/4", "step   2/4"]  # one line per step, TRL's dict not printed
     for key in ("reward", "accuracy", "entropy", "entropy_coef", "kept_groups"):

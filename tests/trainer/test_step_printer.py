@@ -54,3 +54,26 @@ def test_step_lines_carry_the_elapsed_time_and_an_eta_at_the_mean_pace():
     assert printer.pace(5, 20) == (60.0, 300.0)
     assert step_line({"reward": 0.5}, 5, 20, pace=(60.0, 300.0)).endswith("| 1m00s elapsed, ETA 5m00s")
     assert [duration(s) for s in (42.4, 185, 7620)] == ["42s", "3m05s", "2h07m"]
+
+
+def test_the_first_step_says_what_it_is_doing_before_it_starts(capsys, tmp_path):
+    """Issue 49: minutes of silence before step 1 on a real model; the printer says what the step does first."""
+    from transformers import TrainerState
+
+    from or1_trl import OR1Config
+    from or1_trl.testing import tiny_training_args
+    from or1_trl.trainer.step_printer import StepPrinter, start_line
+
+    assert start_line(1, 36, 8, 8, 48, "on the vLLM server at http://127.0.0.1:8000") == (
+        "Step 1 of 36: sampling 8 completions for each of 8 prompts (up to 48 tokens) on the vLLM server at "
+        "http://127.0.0.1:8000, then the rewards and the update; a line follows each step.")
+    args = OR1Config(**tiny_training_args(tmp_path))  # 2 prompts x 4 completions a step, on this process
+    capsys.readouterr()
+    printer = StepPrinter()
+    printer.on_train_begin(args, TrainerState(global_step=2, max_steps=5), None)  # a resume at step 2
+    printer.on_train_begin(args, TrainerState(global_step=3, max_steps=5), None)  # a stage's pass: said once
+    prompts = args.generation_batch_size // args.num_generations
+    assert capsys.readouterr().out.splitlines() == [
+        f"Step 3 of 5: sampling {args.num_generations} completions for each of {prompts} prompts (up to "
+        f"{args.max_completion_length} tokens) with transformers' generate on the CPU, then the rewards and the "
+        "update; a line follows each step."]
