@@ -26,7 +26,7 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SUMMARY = re.compile(r"^OR1 demo: reward (\d+\.\d{3}) -> (\d+\.\d{3})$", re.M)
+SUMMARY = re.compile(r"^OR1 demo: reward (\d+\.\d{3}) -> (\d+\.\d{3}) in \S+$", re.M)
 STEP = re.compile(r"^step +(\d+)(?:/\d+)? \| reward (\S+)", re.M)  # `step   3/150 | reward ...`
 
 

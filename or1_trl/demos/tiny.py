@@ -21,11 +21,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 
 from datasets import Dataset
 from transformers import PrinterCallback, TrainerCallback
 
-from ..trainer.step_printer import StepPrinter  # the per-step line `or1-trl train` prints too
+from ..trainer.step_printer import StepPrinter, duration  # the per-step line `or1-trl train` prints too
 
 PROMPT = "Q: {a}+{b}=? A:"
 DEMO_MARK = "or1_demo.json"  # written into the demo's output directory: the demo may start over there
@@ -167,21 +168,23 @@ def outputs_line(output_dir: str) -> str:
             "the curves.")
 
 
-def summary_line(rewards: list[float], window: int = 5) -> str:
-    """`OR1 demo: reward A -> B` with A, B the mean reward of the first and last `window` steps."""
+def summary_line(rewards: list[float], seconds: float, window: int = 5) -> str:
+    """`OR1 demo: reward A -> B in T` with A, B the mean reward of the first and last `window` steps and T the demo's
+    wall time (the warm-up and the training)."""
     first = sum(rewards[:window]) / len(rewards[:window])
     last = sum(rewards[-window:]) / len(rewards[-window:])
-    return f"OR1 demo: reward {first:.3f} -> {last:.3f}"
+    return f"OR1 demo: reward {first:.3f} -> {last:.3f} in {duration(seconds)}"
 
 
 def demo(output_dir: str = "outputs/or1-demo", seed: int = 0, max_steps: int = 150,
          sft_steps: int = 60) -> list[float]:
     """`or1-trl demo`: `run_demo`, then (main process, once per run) where the outputs are and
-    `OR1 demo: reward A -> B`. Returns the per-step mean rewards."""
+    `OR1 demo: reward A -> B in T`. Returns the per-step mean rewards."""
     from accelerate import PartialState
 
+    began = time.monotonic()
     rewards = run_demo(output_dir, sft_steps=sft_steps, seed=seed, max_steps=max_steps)
     if PartialState().is_main_process:  # one line each per run, not one per rank
         print(outputs_line(output_dir), flush=True)
-        print(summary_line(rewards), flush=True)
+        print(summary_line(rewards, time.monotonic() - began), flush=True)
     return rewards

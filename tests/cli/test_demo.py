@@ -22,7 +22,7 @@ def test_demo_runs_offline_and_improves(tmp_path):
     assert len(steps) == 150
     for key in ("reward", "entropy", "entropy_coef", "kept_groups"):
         assert f"| {key} " in steps[0]
-    match = re.fullmatch(r"OR1 demo: reward (\d\.\d{3}) -> (\d\.\d{3})", lines[-1])
+    match = re.fullmatch(r"OR1 demo: reward (\d\.\d{3}) -> (\d\.\d{3}) in \d+(?:m\d\d)?s", lines[-1])  # and its time
     assert match, lines[-1]
     first, last = map(float, match.groups())
     rewards = [float(re.search(r"reward (\S+)", line).group(1)) for line in steps]

@@ -24,7 +24,8 @@ def test_demo_with_two_processes_prints_the_summary_once(tmp_path):
     summaries = [line for line in lines if line.startswith("OR1 demo:")]
     assert len(summaries) == 1 and summaries[0] == lines[-1]
     rewards = [float(re.search(r"reward (\S+)", line).group(1)) for line in steps]
-    first, last = map(float, re.fullmatch(r"OR1 demo: reward (\d\.\d{3}) -> (\d\.\d{3})", summaries[0]).groups())
+    first, last = map(float, re.fullmatch(r"OR1 demo: reward (\d\.\d{3}) -> (\d\.\d{3}) in \d+(?:m\d\d)?s",
+                                            summaries[0]).groups())
     assert abs(first - sum(rewards) / 3) < 1e-3 and first == last  # fewer than 5 steps: both windows are all steps
     assert sorted(os.listdir(tmp_path)) == ["demo"] and os.path.isdir(tmp_path / "demo" / "sft")
     # The warm-up shows progress (its loss falls), the demo says where its outputs are, and they are there.
