@@ -89,7 +89,10 @@ class AdaptiveEntropyController:
 
 class StepWindow:
     """The mean of a per-token value over the kept tokens of one optimizer step: `add` each micro-step's `[b, T]`
-    values and mask, `close` at the step's end with the sum over ranks (`reduce`); `None` when no token was kept."""
+    values and mask, `close` at the step's end with the sum over ranks (`reduce`); `None` when no token was kept.
+
+    A window nothing was added to closes to `None` without `reduce` (no collective): that is a skipped step that ran
+    no pass (`sharding.UpdateSkip.without_passes`), skipped on every rank alike, so every rank leaves it out."""
 
     def __init__(self):
         self.stats: torch.Tensor | None = None  # [Σ v·m, Σ m]
@@ -99,6 +102,8 @@ class StepWindow:
         self.stats = stats if self.stats is None else self.stats + stats
 
     def close(self, reduce) -> float | None:
+        if self.stats is None:
+            return None
         total, count = reduce(self.stats).tolist()
         self.stats = None
         return total / count if count > 0 else None

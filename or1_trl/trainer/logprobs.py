@@ -31,6 +31,9 @@ import importlib.util
 import types
 
 import torch
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 LOGPROB_BACKENDS = ("auto", "trl", "liger")
 # Off CUDA, Liger is called on pieces of this many scored positions (its PyTorch path chunks by 512 internally).
@@ -208,3 +211,22 @@ def use_logprob_backend(backend: str, policy, ref_model=None, temperature: float
         use_liger_head(policy)
         if ref_model is not None:
             use_liger_head(ref_model)
+
+
+def use_for_trainer(trainer, temperature: float | None = None) -> None:
+    """`use_logprob_backend` for an `OR1Trainer`: its resolved `logprob_backend` on its unwrapped policy and reference
+    model (TRL's fused head re-patched at a stage's sampling `temperature` when given)."""
+    unwrap, ref = trainer.accelerator.unwrap_model, trainer.ref_model
+    use_logprob_backend(trainer.logprob_backend, unwrap(trainer.model), ref_model=None if ref is None else unwrap(ref),
+                        temperature=temperature, cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32)
+
+
+def attach(trainer) -> str:
+    """After TRL's `__init__`: `OR1Config.logprob_backend` resolved for the trainer's device and model
+    (`resolve_logprob_backend`), said in one line (INFO), and bound (`use_for_trainer`). Returns the backend."""
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    trainer.logprob_backend, why = resolve_logprob_backend(trainer.args.logprob_backend, policy,
+                                                           trainer.accelerator.device)
+    logger.info(f"Log-probs and entropies: logprob_backend={trainer.logprob_backend!r} ({why}).")
+    use_for_trainer(trainer)
+    return trainer.logprob_backend

@@ -40,6 +40,7 @@ field at `or1_config.TRL_BEHAVIOUR`, the one table of them), the trainer is `GRP
 from __future__ import annotations
 
 from contextlib import nullcontext
+from functools import partial
 
 import torch
 from transformers.utils import logging
@@ -56,8 +57,7 @@ from ..recipe.entropy import AdaptiveEntropyController, StepWindow
 from ..recipe.loss import Normaliser, magic_loss, sampled_token_entropy, selected_normaliser
 from ..recipe.rejection import KEPT_GROUP_ROWS_KEY, KEPT_ROWS_KEY, count_kept, loss_mask, reject
 from ..recipe.rollout_correction import RolloutCorrection
-from . import attention_guard, checkpoint, nonfinite, sharding, stage_run
-from .logprobs import resolve_logprob_backend, use_logprob_backend
+from . import attention_guard, checkpoint, logprobs, nonfinite, sharding, stage_run
 from .inputs import INDEX_COLUMN, check_prompt_lengths, keep_last_tokens, preflight, prompt_schedule
 from .observability import RunWatch, accuracy_metrics, changed_defaults
 from .or1_config import OR1Config
@@ -117,9 +117,7 @@ class OR1Trainer(GRPOTrainer):
         with generation_backend(args) if args.vllm_weight_sync is not None else nullcontext():  # None: TRL's
             super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, *rest, **kwargs)
         policy = self.accelerator.unwrap_model(self.model)
-        self.logprob_backend, why = resolve_logprob_backend(args.logprob_backend, policy, self.accelerator.device)
-        logger.info(f"Log-probs and entropies: logprob_backend={self.logprob_backend!r} ({why}).")
-        self._use_logprob_backend()
+        self.logprob_backend = logprobs.attach(self)  # resolved for the device and model, said, bound (`logprobs.py`)
         attention_guard.guard(args.cudnn_sdpa_guard, policy, announce=self.accelerator.is_main_process)
         check_prompt_lengths(self, super()._tokenize_prompts, warn=self._warn, completion_length=max(
             [args.max_completion_length] + [shape.max_completion_length for shape in self._stages.shapes]))
@@ -242,12 +240,6 @@ class OR1Trainer(GRPOTrainer):
             self._log_metrics({"stage": float(self._stages.index), "pool/size": float(len(self.prompt_pool))})
 
     # --- 3-4. The MAGIC loss (eq. 3.1) and adaptive entropy control (eq. 3.2); log-probs and entropies (`logprobs.py`)
-    def _use_logprob_backend(self, temperature: float | None = None) -> None:
-        """TRL's fused head on the policy (re-patched at a stage's `temperature`); Liger's kernel (`logprobs.py`)."""
-        unwrap, ref = self.accelerator.unwrap_model, self.ref_model
-        use_logprob_backend(self.logprob_backend, unwrap(self.model), ref_model=None if ref is None else unwrap(ref),
-                            temperature=temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
-
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):
         if self.args.padding_free:  # every pass (policy, old policy, reference) packed (`packing.py`)
@@ -280,6 +272,10 @@ class OR1Trainer(GRPOTrainer):
         if not self._or1_loss_enabled:
             return super()._compute_loss(model, inputs)
         mode = "train" if self.model.training else "eval"
+        if mode == "train" and self._rollout.skip_update and self.update_skip.without_passes():  # nothing to train on
+            self._metrics[mode]["entropy_coef"].append(self.entropy_controller.coef)  # any rank: no pass at all
+            self._metrics[mode]["entropy"].append(float("nan"))  # measured nothing (TRL's 0.0 would read as collapse)
+            return self.update_skip.empty_micro_step()
         mask = loss_mask(inputs)  # [b, T] kept tokens
         self.or1_rows_forwarded += mask.size(0) if mode == "train" else 0
         # TRL's policy loss, whatever its loss_type / β / GSPO / off-policy mask, on the kept tokens (TRL's mask is
@@ -317,7 +313,7 @@ class OR1Trainer(GRPOTrainer):
         self._watch.log_loss(self._metrics[mode], self.accelerator.gather, policy_loss=out.policy_loss, alpha=alpha,
                              entropies=entropies, mask=mask, training=mode == "train")
         if mode == "train" and self._rollout.skip_update and self.accelerator.sync_gradients:
-            self.update_skip.skip()  # the backward of zero-weight rows keeps ranks in step; the update is skipped
+            self.update_skip.skip()  # DeepSpeed, FSDP: the backward of zero-weight rows, then no update
         return out.loss
 
     def _update_entropy_controller(self, old_logps, entropies, mask):
@@ -419,7 +415,7 @@ class OR1Trainer(GRPOTrainer):
     def _enter_stage(self, index: int) -> None:
         """Make stage `index` current (`StageRun.start`: the online filter, TRL's settings for its shape; log-probs are
         taken at the sampling temperature, so a new one re-patches the head)."""
-        self._stages.start(self, index, warn=self._warn, repatch=self._use_logprob_backend)
+        self._stages.start(self, index, warn=self._warn, repatch=partial(logprobs.use_for_trainer, self))
         self._step, self._buffered_inputs = 0, None  # TRL's generation counter restarts with the new shape
         if self._overlap is not None:  # the rollout in flight had the previous stage's shape: discarded
             self._overlap.reset()

@@ -7,8 +7,10 @@
   before training says what was asked, what was obtained and why: an error, unless `OR1Config.sharding_fallback`
   is `"allow"` (then a warning).
 - **A skipped update** (a step with no trainable token on any rank, `trainer/rollout_record.Rollout.skip_update`,
-  `UpdateSkip`) is skipped the way accelerate skips an update after a gradient overflow, on every backend: the
-  step's last backward runs with `accelerator.sync_gradients` off (DeepSpeed's engine steps *inside*
+  `UpdateSkip`) runs no log-prob pass and no backward on one process and under DDP (`empty_micro_step`: a zero loss
+  that reaches no parameter). Under DeepSpeed and FSDP, whose engines count every micro-step's backward, the
+  zero-weight rows still run. On every backend the update is skipped the way accelerate skips one after a gradient
+  overflow: the step's last backward runs with `accelerator.sync_gradients` off (DeepSpeed's engine steps *inside*
   `accelerator.backward`, only when syncing; accelerate's optimizer wrapper steps only when syncing), and
   `accelerator.optimizer_step_was_skipped` reads true until the step ends, so transformers leaves the learning-rate
   schedule where it was. Weights, optimizer moments, Adam's step counts, DeepSpeed's engine counters and the schedule
@@ -124,6 +126,19 @@ class UpdateSkip(TrainerCallback):
         self.trainer.accelerator.gradient_state._set_sync_gradients(False)
         _mark_skipped(self.trainer.optimizer, True)  # transformers then leaves the LR scheduler alone
         self.skipping = True
+
+    def without_passes(self) -> bool:
+        """Whether a skipped step's micro-steps run no log-prob pass and no backward: yes on one process and under
+        DDP (no forward, no gradient hook, nothing to reduce); no under DeepSpeed and FSDP, whose engines count and
+        reduce every micro-step's backward: there the zero-weight rows run, and their gradients are exact zeros."""
+        return not (self.trainer.is_deepspeed_enabled or self.trainer.is_fsdp_enabled)
+
+    def empty_micro_step(self) -> torch.Tensor:
+        """A micro-step of a skipped step without the model (`without_passes`): a zero loss on a leaf of its own, whose
+        backward (transformers') reaches no parameter; at the step's last micro-step the update is skipped (`skip`)."""
+        if self.trainer.accelerator.sync_gradients:
+            self.skip()
+        return torch.zeros((), device=self.trainer.accelerator.device, requires_grad=True)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.skipping:

@@ -4,10 +4,10 @@ train.
 - `step_line`: a step's line from its logged metrics (reward, accuracy, entropy, the entropy coefficient, the
   kept-group fraction, the step's time split) and the run's pace (elapsed time, ETA).
 - `start_line`: before the first step, what it is doing (the rollout's shape, where it generates).
-- `StepPrinter`: prints the start line, then `step_line` for each logged step, in place of transformers' printed metrics dict (its
-  `PrinterCallback` / `ProgressCallback`, removed by `show_steps`); the trackers of `report_to` still get every
-  metric. `or1-trl train` logs every step (`logging_steps=1` unless set); with a longer logging window a line shows
-  the window's means, as TRL logs them.
+- `StepPrinter`: prints the start line, then `step_line` for each logged step, in place of transformers' printed
+  metrics dict (its `PrinterCallback` / `ProgressCallback`, removed by `show_steps`); the trackers of `report_to`
+  still get every metric. `or1-trl train` logs every step (`logging_steps=1` unless set); with a longer logging
+  window a line shows the window's means, as TRL logs them.
 """
 
 from __future__ import annotations

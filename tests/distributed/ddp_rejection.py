@@ -3,7 +3,8 @@
 Rank 1's reward is constant, so every group of rank 1 is rejected: rank 1 keeps no row at all, while rank 0 keeps
 all of its rows. Each rank writes what it forwarded and a fingerprint of its weights. A third argument runs SGD,
 padded ("padded") or packed under that token budget (`padding_free`): rank 0's rows then take many forwards per
-micro-step, rank 1's single zero-weight row one.
+micro-step, rank 1's single zero-weight row one. The third argument "skipped" makes both ranks' rewards constant:
+every step is skipped on every rank, and no rank runs a pass (`UpdateSkip.without_passes`).
 """
 
 import json
@@ -18,7 +19,7 @@ from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
 
 def reward(completions, **kwargs):
-    if PartialState().process_index == 1:
+    if PartialState().process_index == 1 or sys.argv[3:] == ["skipped"]:
         return [1.0] * len(completions)  # solve_all everywhere on rank 1
     return [float(i % 4 == 0) for i in range(len(completions))]  # one success per group on rank 0
 
@@ -29,6 +30,8 @@ def main(output_dir, steps_per_generation, packing=None):
     forwards = []
     model.register_forward_pre_hook(lambda module, args: forwards.append(torch.is_grad_enabled()))
     settings = {"learning_rate": 1e-3}
+    if packing == "skipped":
+        packing = None
     if packing is not None:  # SGD: the packed and padded runs compared to float rounding
         settings = dict(optim="sgd", learning_rate=0.5)
         if packing != "padded":

@@ -39,6 +39,16 @@ def test_rank_with_no_kept_rows_does_not_deadlock(tmp_path, steps_per_generation
     assert ranks[0]["weights_sum"] == ranks[1]["weights_sum"]
 
 
+def test_a_step_skipped_on_every_rank_runs_no_pass_on_any(tmp_path):
+    """Issue 49: a step with nothing to train anywhere does no log-prob pass and no backward, on every DDP rank alike
+    (no collective waits on a rank that skipped), and leaves the weights where they were."""
+    ranks = launch_rejection_run(tmp_path, 1, "skipped")
+    for rank in ranks:
+        assert rank["rows_forwarded"] == 0 and rank["forwards_with_grad"] == 0
+        assert rank["skipped_steps"] == 2 and rank["weights_moved"] == 0.0
+        assert rank["kept_group_frac"] == [0.0, 0.0]
+
+
 def test_packed_ranks_with_different_forward_counts_stay_in_lockstep(tmp_path):
     """`padding_free` with a small token budget: rank 0 forwards its 8 kept rows in several packed forwards per
     micro-step, rank 1 its one zero-weight row in one; each still runs one DDP forward and one backward per micro-step,

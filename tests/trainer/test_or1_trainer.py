@@ -119,7 +119,7 @@ def test_all_rejected_step_is_skipped(tmp_path):
         assert torch.equal(param, before[name]), name
     assert trainer.or1_skipped_steps == 3
     assert logged(trainer, "skipped_steps") == [1.0, 2.0, 3.0]
-    assert trainer.or1_rows_forwarded == 3 * 2  # one zero-weight row per micro-step
+    assert trainer.or1_rows_forwarded == 0  # no log-prob pass, no backward: nothing to train on (issue 49)
     assert trainer.entropy_controller.coef == 0.0  # nothing measured: c unchanged although tgt is huge
     assert logged(trainer, "entropy") == [None] * 3  # nothing measured: not TRL's 0.0 (a collapse on a dashboard)
 
