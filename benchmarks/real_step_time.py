@@ -12,11 +12,14 @@ demo's second stage; its first has 24), bf16 autocast (fp32 weights and AdamW), 
 | arm | trainer | config | reward |
 |---|---|---|---|
 | `trl` | `GRPOTrainer` | `GRPOConfig` with the demo config's shape fields (`SHARED_FIELDS`), TRL's defaults elsewhere | scripted: in every group exactly one sample is right (nothing to reject) |
+| `or1_engine` | `OR1Trainer` | `OR1Config.from_grpo` of the `trl` arm's config: every OR1 field at TRL's value (`TRL_BEHAVIOUR`), the same GRPO configuration — the engine alone | the same |
 | `or1` | `OR1Trainer` | `demo_config` with one stage (48 tokens): MAGIC defaults (rejection with compaction, adaptive entropy, Liger's log-prob head) | the same |
 | `or1_demo` | `OR1Trainer` | the same | `math_reward` (the demo itself: groups all right or all wrong are rejected) |
 
 The goal (`OR1Trainer` / `GRPOTrainer` ≤ 1.0×) compares `or1` with `trl`: the same work, nothing rejected, so the
-ratio is OR1's overhead; `or1_demo` shows the demo's own steps and what rejection leaves to the update.
+ratio is OR1's overhead with its defaults (which include a cheaper log-prob backend); `or1_engine` against `trl` is
+the engine alone (issue 48: the engine's step cost is not the recipe's learning), one GRPO configuration in both
+classes; `or1_demo` shows the demo's own steps and what rejection leaves to the update.
 
 Both generate with TRL's in-process HF `generate` (under bf16 autocast: with `bf16=True` accelerate wraps the model's
 forward, `generate` included): `GRPOTrainer` has no CPU path to a vLLM server (its weight sync is NCCL), so generation
@@ -57,17 +60,17 @@ from collections import defaultdict
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from or1_trl import OR1Trainer
+from or1_trl import OR1Config, OR1Trainer
 from or1_trl.demos.real_model import CONTEXT, GROUP, HELD_OUT_PER_RUNG, PROMPTS_PER_STEP, TRAIN_PER_RUNG, demo_config
 from or1_trl.demos.ladder import ladder_split
 from or1_trl.rewards import math_reward
 from or1_trl.testing import CPU_RUN
 from step_time import StepClock, scripted_reward, spread
 
-ARMS = ("trl", "or1", "or1_demo")
+ARMS = ("trl", "or1_engine", "or1", "or1_demo")
 GOALS = {"step_ratio": 1.0, "fp32_fraction": 0.7}
 # The fields of the demo's config that give its shape, copied into TRL's config (the rest: TRL's defaults).
 SHARED_FIELDS = (*CPU_RUN, "bf16", "learning_rate", "per_device_train_batch_size", "num_generations",
@@ -218,9 +221,10 @@ def configs(arm: str, output_dir: str, steps: int, quick: bool):
     """The arm's config: the demo's (`demo_config`, one stage), or TRL's with the demo's shape fields."""
     shape = dict(per_device_train_batch_size=GROUP, max_completion_length=8) if quick else {}  # 1 prompt x 8
     or1 = demo_config(output_dir, max_steps=steps, stages=None, **shape)
-    if arm != "trl":
+    if arm not in ("trl", "or1_engine"):
         return or1
-    return GRPOConfig(output_dir=output_dir, **{name: getattr(or1, name) for name in SHARED_FIELDS})
+    trl = GRPOConfig(output_dir=output_dir, **{name: getattr(or1, name) for name in SHARED_FIELDS})
+    return OR1Config.from_grpo(trl) if arm == "or1_engine" else trl  # the engine: every OR1 field at TRL's value
 
 
 def run_arm(arm: str, folder: str, tokenizer, dataset, steps: int, workdir: str, quick: bool,
@@ -303,11 +307,12 @@ def summarise(run: dict) -> dict:
 def figures(results: list[dict], replay: dict | None, counts: dict, args) -> dict:
     """Every figure of the block, unrounded (`--json`)."""
     ratios = [r["or1"]["step"] / r["trl"]["step"] for r in results]
+    engine_ratios = [r["or1_engine"]["step"] / r["trl"]["step"] for r in results]
     demo_ratios = [r["or1_demo"]["step"] / r["trl"]["step"] for r in results]
     fractions = {dtype: {arm: [r[arm]["flop_per_s"] / r[arm][f"gemm_{dtype}"] for r in results] for arm in ARMS}
                  for dtype in ("fp32", "bf16")}
     out = {"reps": results, "step_ratios": ratios, "step_ratio": statistics.median(ratios), "demo_ratios": demo_ratios,
-           "fractions": fractions, "fp32_fraction": statistics.median(fractions["fp32"]["or1"]),
+           "engine_ratios": engine_ratios, "engine_ratio": statistics.median(engine_ratios), "fractions": fractions, "fp32_fraction": statistics.median(fractions["fp32"]["or1"]),
            "bf16_fraction": statistics.median(fractions["bf16"]["or1"]), "counts": counts, "replay": replay,
            "gemm": {dtype: statistics.median(r[arm][f"gemm_{dtype}"] for r in results for arm in ARMS)
                     for dtype in ("fp32", "bf16")},
@@ -338,6 +343,8 @@ def markdown(values: dict, args) -> str:
         "|---|---:|---|",
         f"| step time, `OR1Trainer` / `GRPOTrainer`, nothing rejected | {spread(values['step_ratios'], '.3f')}× | "
         f"≤ {GOALS['step_ratio']:.2f}×: {'met' if met['step_ratio'] else '**missed**'} |",
+        f"| step time, `OR1Trainer` with every OR1 field at TRL's value (the engine alone) / `GRPOTrainer` | "
+        f"{spread(values['engine_ratios'], '.3f')}× | — |",
         f"| step time, `OR1Trainer` with `math_reward` (the demo) / `GRPOTrainer` | "
         f"{spread(values['demo_ratios'], '.3f')}× | — |",
         f"| `OR1Trainer`'s forward+backward FLOP/s ÷ an fp32 GEMM's, nothing rejected | {spread(fp32['or1'], '.2f')} | "
@@ -350,7 +357,8 @@ def markdown(values: dict, args) -> str:
         "| forward+backward GFLOP/s | kept groups |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    names = {"trl": "`GRPOTrainer`, scripted reward", "or1": "`OR1Trainer` (MAGIC defaults), scripted reward",
+    names = {"trl": "`GRPOTrainer`, scripted reward", "or1_engine": "`OR1Trainer`, TRL's values, scripted reward",
+             "or1": "`OR1Trainer` (MAGIC defaults), scripted reward",
              "or1_demo": "`OR1Trainer`, `math_reward` (the demo)"}
     for arm in ARMS:
         rows = [r[arm] for r in results]

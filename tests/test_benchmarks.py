@@ -356,7 +356,7 @@ def test_the_documented_memory_per_gpu_is_what_the_formula_computes():
 
 
 def test_quick_real_step_time_benchmark_is_consistent(tmp_path, smollm2_dir, monkeypatch):
-    """`benchmarks/real_step_time.py --quick` on the real model (about a minute): the three arms timed the same way,
+    """`benchmarks/real_step_time.py --quick` on the real model (about a minute): the four arms timed the same way,
     the step ratios and the FLOP/s fractions are the ratios of the figures they come from, the FLOPs are the
     docstring's count over the rows each update forwarded (every row with the scripted reward, the kept ones with
     `math_reward`), and the replayed update is the `or1` arm's last. The figures are read from the JSON, never from the
@@ -368,15 +368,16 @@ def test_quick_real_step_time_benchmark_is_consistent(tmp_path, smollm2_dir, mon
     assert counts == {"linear": 2 * 30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536), "head": 2 * 49_152 * 576,
                       "attention_width": 576, "layers": 30}
     (rep,) = values["reps"]
-    trl, or1, demo = rep["trl"], rep["or1"], rep["or1_demo"]
+    trl, engine, or1, demo = rep["trl"], rep["or1_engine"], rep["or1"], rep["or1_demo"]
     assert values["step_ratios"] == [or1["step"] / trl["step"]] == [values["step_ratio"]]
+    assert values["engine_ratios"] == [engine["step"] / trl["step"]] == [values["engine_ratio"]]  # the engine alone
     assert values["demo_ratios"] == [demo["step"] / trl["step"]]
-    for arm in (trl, or1, demo):
+    for arm in (trl, engine, or1, demo):
         assert sum(arm[phase] for phase in bench.PHASES) == pytest.approx(arm["step"])
         assert arm["flops"] == pytest.approx(bench.update_flops(counts, arm["forwards"]))
         assert arm["flop_per_s"] == arm["flops"] / arm["forward_backward_total_s"]
         assert arm["rows"] == sum(rows for rows, _ in arm["forwards"])
-    assert trl["rows"] == or1["rows"] == 8 and 1 <= demo["rows"] <= 8  # 1 prompt × 8: nothing rejected / kept rows
+    assert trl["rows"] == engine["rows"] == or1["rows"] == 8 and 1 <= demo["rows"] <= 8  # 1 prompt × 8: nothing rejected / kept rows
     assert values["fp32_fraction"] == or1["flop_per_s"] / or1["gemm_fp32"]
     assert values["bf16_fraction"] == or1["flop_per_s"] / or1["gemm_bf16"]
     assert values["goals_met"] == {"step_ratio": values["step_ratio"] <= 1.0,
