@@ -88,9 +88,10 @@ class StepPrinter(TrainerCallback):
         if self._began is None:  # a stage's pass begins training again: the pace counts from the first
             self._began = (self._clock(), state.global_step)
             if state.is_world_process_zero and args is not None:
-                print(start_line(state.global_step + 1, state.max_steps, args.generation_batch_size
-                                 // args.num_generations, args.num_generations, args.max_completion_length,
-                                 generator_of(args)), flush=True)
+                print(start_line(step=state.global_step + 1, max_steps=state.max_steps,
+                                 prompts=args.generation_batch_size // args.num_generations,
+                                 generations=args.num_generations, max_tokens=args.max_completion_length,
+                                 generator=generator_of(args)), flush=True)
 
     def pace(self, step: int, max_steps: int) -> tuple[float, float] | None:
         """(seconds since training began, seconds left at the mean pace of the steps since), or `None` before."""
