@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import pathlib
 import resource
 import statistics
@@ -366,7 +367,7 @@ def markdown(values: dict, args) -> str:
         def med(key):
             return statistics.median(r[key] for r in rows)
 
-        kept = f"{med('kept'):.2f}" if "kept" in rows[0] else "—"
+        kept = f"{med('kept'):.2f}" if "kept" in rows[0] and not math.isnan(med("kept")) else "—"  # rejection off
         lines.append(f"| {names[arm]} | {med('step'):.1f} | " + " | ".join(f"{med(p):.1f}" for p in PHASES[:-1])
                      + f" | {med('other'):.1f} | {med('rows'):.0f} rows, {med('tokens'):,.0f} tokens | "
                      f"{med('flop_per_s') / 1e9:.1f} | {kept} |")
