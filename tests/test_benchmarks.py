@@ -575,3 +575,39 @@ def test_gpu_ladder_guarded_script_runs_its_quick_mode_on_cpu(tmp_path):
     assert summary["or1"]["nonfinite_steps"] == summary["or1"]["nonfinite_grads"] == 0
     assert summary["grpo"]["nonfinite_steps"] is None
     assert "0 of 2 runs died; 2 reached step 1" in (tmp_path / "out" / "summary.txt").read_text()
+
+
+def test_regime_probe_figures_against_a_hand_count():
+    """`benchmarks/regime_probe.py` (issue 50): the regime's figures of hand-made completions. Two groups of two:
+    group p1 mixed (informative), p2 all wrong. Entropies 1..10 over the 10 tokens: the top 20% are the tokens of
+    entropy 9 and 10 (the 0.8 quantile is 8.2), both in p1's first completion: one before its answer tag (token 1),
+    one at it (token 2)."""
+    probe = load_script("regime_probe_bench", os.path.join(ROOT, "benchmarks", "regime_probe.py"))
+    records = [
+        {"prompt_id": "p1", "reward": 1.0, "tagged": True, "reasons": True, "truncated": False, "length": 3,
+         "answer_token": 2, "entropies": [1.0, 9.0, 10.0]},
+        {"prompt_id": "p1", "reward": 0.0, "tagged": True, "reasons": False, "truncated": False, "length": 2,
+         "answer_token": 1, "entropies": [2.0, 3.0]},
+        {"prompt_id": "p2", "reward": 0.0, "tagged": False, "reasons": False, "truncated": True, "length": 3,
+         "answer_token": 3, "entropies": [4.0, 5.0, 6.0]},
+        {"prompt_id": "p2", "reward": 0.0, "tagged": True, "reasons": True, "truncated": False, "length": 2,
+         "answer_token": 1, "entropies": [7.0, 8.0]},
+    ]
+    figures = probe.summarise(records, samples=2)
+    assert figures["entropy_threshold"] == pytest.approx(8.2)
+    assert figures["selected_tokens"] == 2 and figures["selected_before_answer"] == 0.5
+    assert figures["answer_token_selected"] == pytest.approx(1 / 3)  # p1's first: its answer token is selected
+    assert figures["informative_groups"] == 0.5 and figures["accuracy"] == 0.25 and figures["reasoning"] == 0.5
+    assert figures["tagged"] == 0.75 and figures["truncated"] == 0.25 and figures["mean_length"] == 2.5
+
+
+def test_regime_probe_finds_the_token_where_the_answer_starts():
+    from or1_trl.testing import tiny_tokenizer
+
+    probe = load_script("regime_probe_bench", os.path.join(ROOT, "benchmarks", "regime_probe.py"))
+    tokenizer = tiny_tokenizer()
+    text = "3 + 4 = 7\nAnswer: 7"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    k = probe.answer_token(tokenizer, ids, text.index("Answer:"))
+    assert tokenizer.decode(ids[:k]) == "3 + 4 = 7\n" and "A" in tokenizer.decode(ids[k:k + 1])
+    assert probe.answer_token(tokenizer, ids, None) == len(ids)
