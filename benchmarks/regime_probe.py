@@ -62,8 +62,9 @@ def sample_rung(model, tokenizer, rows: list[dict], samples: int, max_new_tokens
         out = model.generate(**batch, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
                              num_return_sequences=samples, max_new_tokens=max_new_tokens, output_scores=True,
                              return_dict_in_generate=True, pad_token_id=tokenizer.pad_token_id)
-    scores = torch.stack(out.scores, dim=1).float()  # [R*G, L, V]: the logits each token was sampled from
-    entropies = -(scores.softmax(-1) * scores.log_softmax(-1)).nan_to_num().sum(-1)  # [R*G, L]
+    # The logits each token was sampled from, one position at a time ([R*G, V] each): the entropy of each.
+    entropies = torch.stack([-(step.float().softmax(-1) * step.float().log_softmax(-1)).nan_to_num().sum(-1)
+                             for step in out.scores], dim=1)  # [R*G, L]
     completions = out.sequences[:, batch["input_ids"].shape[1]:]  # [R*G, L]
     records = []
     for i, ids in enumerate(completions.tolist()):
