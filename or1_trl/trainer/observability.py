@@ -437,6 +437,13 @@ class RunWatch:
         skipped-step warning for the step's `rollout` (`trainer/rollout_record.Rollout`), those that are due."""
         return self.entropy.end_step(coef, reduce) + self.skipped.observe(rollout.skip_update, rollout.outcomes)
 
+    def log_skipped_micro_step(self, metrics: dict[str, list], coef: float) -> None:
+        """A micro-step of a step skipped without a pass (`sharding.UpdateSkip.without_passes`): what it measured —
+        nothing (`entropy` NaN, never TRL's 0.0, which would read as a collapse), no row forwarded — and c."""
+        metrics["entropy"].append(float("nan"))
+        metrics["entropy_coef"].append(coef)
+        metrics["rejection/rows_forwarded"].append(0.0)
+
     def log_loss(self, metrics: dict[str, list], gather: Callable, policy_loss: torch.Tensor, alpha: float,
                  entropies: torch.Tensor, mask: torch.Tensor, training: bool) -> None:
         """A micro-step's loss metrics besides TRL's into `metrics` (the trainer's lists of the mode): α, the policy

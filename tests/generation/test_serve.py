@@ -145,9 +145,9 @@ def test_training_through_the_server_with_every_or1_feature(vllm_server, tmp_pat
     assert len(diffs) == 4 and max(diffs) < TOL, diffs
     assert logged(trainer, "completions/max_length") == [4, 4, 7, 7]  # the server generated to the stage's length
     assert logged(trainer, "stage") == [0, 0, 1, 1]
-    # ALL/NONE groups left the batch before the update (compaction; a rank with none left runs 1 zero-weight row)
+    # ALL/NONE groups left the batch before the update (compaction; a step with none left runs no pass at all)
     kept, rows = logged(trainer, "rejection/kept_group_frac"), logged(trainer, "rejection/rows_forwarded")
-    assert min(kept) < 1 and rows == [max(1, k * 2 * G) for k in kept]
+    assert min(kept) < 1 and rows == [k * 2 * G for k in kept]
     assert logged(trainer, "entropy_coef") and logged(trainer, "pool/size")
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
     assert trainer.vllm_generation.disk_sync.version == 4  # one sync per step (none during grad accumulation)
