@@ -437,11 +437,15 @@ class RunWatch:
         skipped-step warning for the step's `rollout` (`trainer/rollout_record.Rollout`), those that are due."""
         return self.entropy.end_step(coef, reduce) + self.skipped.observe(rollout.skip_update, rollout.outcomes)
 
-    def log_skipped_micro_step(self, metrics: dict[str, list], coef: float) -> None:
+    def log_skipped_micro_step(self, metrics: dict[str, list], controller) -> None:
         """A micro-step of a step skipped without a pass (`sharding.UpdateSkip.without_passes`): what it measured —
-        nothing (`entropy` NaN, never TRL's 0.0, which would read as a collapse), no row forwarded — and c."""
+        nothing (`entropy` NaN, never TRL's 0.0, which would read as a collapse), no row forwarded — and the entropy
+        controller's c and α, as a step with zero-weight rows logs them (DeepSpeed, FSDP)."""
+        alpha = controller.coefficient()
         metrics["entropy"].append(float("nan"))
-        metrics["entropy_coef"].append(coef)
+        metrics["entropy_coef"].append(controller.coef)
+        metrics["entropy/alpha"].append(alpha)
+        metrics["entropy/active"].append(float(alpha != 0.0))
         metrics["rejection/rows_forwarded"].append(0.0)
 
     def log_loss(self, metrics: dict[str, list], gather: Callable, policy_loss: torch.Tensor, alpha: float,

@@ -273,7 +273,7 @@ class OR1Trainer(GRPOTrainer):
             return super()._compute_loss(model, inputs)
         mode = "train" if self.model.training else "eval"
         if mode == "train" and self._rollout.skip_update and self.update_skip.without_passes():  # nothing to train on
-            self._watch.log_skipped_micro_step(self._metrics[mode], coef=self.entropy_controller.coef)  # any rank:
+            self._watch.log_skipped_micro_step(self._metrics[mode], controller=self.entropy_controller)  # any rank:
             return self.update_skip.empty_micro_step()  # no log-prob pass, no backward (`sharding.py`)
         mask = loss_mask(inputs)  # [b, T] kept tokens
         self.or1_rows_forwarded += mask.size(0) if mode == "train" else 0
