@@ -25,7 +25,9 @@ class DemoArguments:
     output_dir: str | None = field(default=None, metadata={
         "help": "Where the trained model and tokenizer, trainer_state.json and prompt_stats.jsonl go (default: "
         "outputs/or1-demo, or outputs/or1-demo-smollm2)."})
-    seed: int = field(default=0, metadata={"help": "Seed of the model, the data and the training."})
+    seed: int = field(default=0, metadata={
+        "help": "Seed of the model, the data, the training and the rollouts' samples (rollout_seed: two demos with "
+        "one seed draw the same completions)."})
     max_steps: int | None = field(default=None,
                                   metadata={"help": "OR1 training steps (default: 150 tiny, 30 smollm2)."})
     sft_steps: int = field(default=60, metadata={"help": "SFT warm-up steps (answer format; the tiny model only)."})

@@ -4,7 +4,8 @@
 2. SFT warm-up (TRL's `SFTTrainer`, a few dozen steps) teaches the answer *format* `\\boxed{n}` — not yet the sums.
 3. `OR1Trainer` with the MAGIC defaults (rejection sampling, adaptive entropy control, token-level loss, τ = 1.0)
    trains against the paper's Math-Verify reward (`or1_trl.rewards.math_reward`). Only the learning rate is raised: the
-   paper's 1e-6 is for 7B models.
+   paper's 1e-6 is for 7B models. Its rollouts are seeded (`rollout_seed` = the demo's seed, as the real-model demo's;
+   docs/reproducible_runs.md): two demos with one seed draw the same completions at every step, whatever the batching.
 
 The demo starts over in its own output directory every time it runs, and says so when an earlier demo's run is
 there (`mark_demo_dir`): it is replaced (`OR1Config.overwrite_output_dir`), unlike `or1-trl train`, which refuses an
@@ -148,7 +149,8 @@ def run_demo(output_dir: str = "outputs/or1-demo", sft_steps: int = 60, seed: in
     trainer = OR1Trainer(
         model=model,
         reward_funcs=reward_func or math_reward,
-        args=demo_config(output_dir, seed=seed, overwrite_output_dir=True, **overrides),
+        args=demo_config(output_dir, **{"seed": seed, "rollout_seed": seed, "overwrite_output_dir": True,
+                                        **overrides}),
         train_dataset=train,
         processing_class=tokenizer,
         callbacks=[printer],
