@@ -7,7 +7,7 @@
 Throughput (`--models`): on the tiny model, the offline demo's rollout shape (16 prompts x 8 samples, the demo's
 addition prompts) at its completion length (8 tokens) and 8x longer (64, `--lengths`); on SmolLM2-135M-Instruct
 (`smollm2`: `or1-trl model smollm2`'s folder, or `--model-dir`), the real-model demo's (4 prompts of the arithmetic
-ladder x 8 samples, 48 tokens; the server in bf16 with the demo's flags, `real_model.SERVER_ARGS`). The backends
+ladder x 8 samples, 48 tokens; the server in bf16, `real_model.BF16_SERVER_ARGS`). The backends
 generate exactly that many tokens (EOS is ignored), from the same prompts, interleaved, `--reps` times (median
 reported). HF `generate` runs in this process on the fp32 model (one batch of all rows, as `GRPOTrainer` does without
 vLLM); on the real model also under bf16 autocast, as the demo's trainer runs it (`bf16=True`: accelerate wraps the
@@ -48,7 +48,8 @@ import time
 import torch
 
 from or1_trl.demos.tiny import addition_dataset
-from or1_trl.demos.real_model import CONTEXT, PROMPTS_PER_STEP, SERVER_ARGS, TRAIN_PER_RUNG, HELD_OUT_PER_RUNG
+from or1_trl.demos.real_model import (BF16_SERVER_ARGS, CONTEXT, HELD_OUT_PER_RUNG, PROMPTS_PER_STEP,
+                                      TRAIN_PER_RUNG)
 from or1_trl.demos.ladder import ladder_split
 from or1_trl.generation.sampling import prompt_token_ids
 from or1_trl.generation.serve import free_port, running_server, start_server
@@ -129,7 +130,7 @@ def throughput_setup(name, args, workdir):
     model, tokenizer = smollm2_model(args.model_dir)
     train, _ = ladder_split(TRAIN_PER_RUNG, HELD_OUT_PER_RUNG, seed=0)  # the real-model demo's training prompts
     prompt_ids = [prompt_token_ids(tokenizer, row["prompt"]) for row in train.select(range(PROMPTS_PER_STEP))]
-    return model, tokenizer, args.model_dir, prompt_ids, SERVER_ARGS, [CONTEXT], {"HF generate": False,
+    return model, tokenizer, args.model_dir, prompt_ids, BF16_SERVER_ARGS, [CONTEXT], {"HF generate": False,
                                                                                   HF_AUTOCAST: True}
 
 

@@ -81,7 +81,7 @@ MAGIC's regime, with the paper's ablations, the 80/20 rule and 1-shot RLVR.
   held-out prompts RL never trains on. The pool is small on purpose: a run draws 4 × 36 prompts, so it passes over
   the pool about twice and the recipe's prompt statistics have something to see (the online filter at the stage
   start, the historical variance that ranks the 1-shot example).
-- Generation: every arm on one bf16 vLLM CPU server per launch (`real_model.SERVER_ARGS`), the trainer's weights pushed
+- Generation: every arm on one bf16 vLLM CPU server per launch (`real_model.BF16_SERVER_ARGS`), the trainer's weights pushed
   to it through /dev/shm before each rollout (the disk sync). TRL's `GRPOTrainer` can push to a server only over NCCL
   (CUDA), so the benchmark builds it inside `vllm_generation.generation_backend` with an object carrying the disk
   sync's settings (`disk_backend_args`): benchmark plumbing only, the same backend `OR1Trainer` builds; nothing else of

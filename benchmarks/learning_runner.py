@@ -295,7 +295,7 @@ def device_name() -> str:
 
 
 def run_ladder(todo, settings, results_dir, regime_path, start_path, stack, folder, write_json_atomic) -> None:
-    from or1_trl.demos.real_model import SERVER_ARGS
+    from or1_trl.demos.real_model import BF16_SERVER_ARGS
     from or1_trl.generation.serve import running_server, user_dir
     from or1_trl.testing import vllm_python
 
@@ -307,7 +307,7 @@ def run_ladder(todo, settings, results_dir, regime_path, start_path, stack, fold
                      "machine, --generation hf)")
         print(f"starting a vLLM CPU server for {folder} (bf16) ...", file=sys.stderr, flush=True)
         url = stack.enter_context(running_server(folder, "disk", log_path=os.path.join(workdir, "server.log"),
-                                                 python=vllm_python(), extra_args=SERVER_ARGS,
+                                                 python=vllm_python(), extra_args=BF16_SERVER_ARGS,
                                                  sync_roots=[user_dir(), workdir], with_parent=True))
         backends = server_backends(url)  # the server holds the starting model until the first push
     else:

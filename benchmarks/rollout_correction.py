@@ -25,7 +25,7 @@ Two sources of the mismatch log r_t = log π_trainer − log π_vllm:
    ignored) through TRL's `VLLMClient`, as the trainer does; the **fp32** trainer model scores the same tokens. The
    per-token log-probs of both give the ratios (the server's are `--logprobs-mode processed_logprobs`).
 3. **A real model** (`length_quartiles`): SmolLM2-135M-Instruct (`or1-trl model smollm2`, or `--model-dir`) served in
-   bf16 with the real-model demo's flags (`real_model.SERVER_ARGS`) samples `--smollm2-sequences` completions of the
+   bf16 (`real_model.BF16_SERVER_ARGS`) samples `--smollm2-sequences` completions of the
    arithmetic ladder's training prompts (16 prompts, T = 1, EOS ends them, at most `--smollm2-max-tokens`); the
    trainer's model scores the same tokens in fp32 and under bf16 autocast (the real-model demo's update), 8 rows of
    similar length at a time. By quarter of the completions sorted by length (as `summarise` splits them): the per-token gap
@@ -48,7 +48,7 @@ import time
 import torch
 
 from or1_trl.demos.tiny import addition_dataset
-from or1_trl.demos.real_model import HELD_OUT_PER_RUNG, SERVER_ARGS, TRAIN_PER_RUNG
+from or1_trl.demos.real_model import BF16_SERVER_ARGS, HELD_OUT_PER_RUNG, TRAIN_PER_RUNG
 from or1_trl.demos.ladder import ladder_split
 from or1_trl.recipe.rollout_correction import (DEFAULT_CAP, DEFAULT_ROLLOUT_CORRECTION, PREFIX, QUARTILES,
                                                correction_weights, row_stats, summarise, token_log_ratios, trl_weights)
@@ -256,7 +256,7 @@ def smollm2_gap(model_dir: str, sequences: int, max_tokens: int, cap: float, wor
     prompts = [prompt_token_ids(tokenizer, row["prompt"]) for row in train.select(range(16))]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with running_server(model_dir, "disk", log_path=os.path.join(workdir, "server_smollm2.log"), python=python,
-                        extra_args=SERVER_ARGS + ["--seed", str(seed)]) as url:
+                        extra_args=BF16_SERVER_ARGS + ["--seed", str(seed)]) as url:
         client = http_vllm_client(base_url=url, connection_timeout=60)
         return length_quartiles(client, model, prompts, sequences, max_tokens, cap)
 

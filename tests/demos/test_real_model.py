@@ -1,6 +1,8 @@
 """The real-model demo (`or1_trl/demos/real_model.py`, `or1-trl demo --model smollm2`): its growing context and report
 against a plain reference, and the demo end to end on its own vLLM CPU server."""
 
+import os
+
 
 def test_the_real_demo_schedule_and_report_against_a_plain_reference():
     """`--model smollm2`'s growing context, and its report: means per rung and over the ladder, and the gain's
@@ -36,6 +38,7 @@ def test_the_real_model_demo_end_to_end(tmp_path, capsys):
     import json
 
     import numpy as np
+    import torch
     from transformers import AutoModelForCausalLM
 
     from or1_trl.demos.real_model import HELD_OUT_PER_RUNG, HELD_OUT_SAMPLES, run_real_demo, summary_line
@@ -60,3 +63,48 @@ def test_the_real_model_demo_end_to_end(tmp_path, capsys):
                     assert correct == (int(text) == int(record["answer"])), (text, record["answer"])
     assert json.load(open(out / "trainer_state.json"))["global_step"] == 2
     assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 30
+    # the demo's rollouts are seeded by its seed (paired rollouts: two demos with one seed draw the same samples)
+    assert torch.load(out / "training_args.bin", weights_only=False).rollout_seed == 0
+
+
+def test_the_demo_server_dies_with_the_demo(monkeypatch, tmp_path):
+    """The demo's own vLLM server is started with `with_parent`: a demo killed outright (SIGTERM, SIGKILL), which never
+    runs its context managers' exits, does not leave the server running (and holding its memory)."""
+    import contextlib
+
+    import or1_trl.generation.serve as serve
+    import or1_trl.testing as testing
+    from or1_trl.demos.real_model import SERVER_ARGS, generation_server
+
+    started = []
+
+    @contextlib.contextmanager
+    def recorded(model, weight_sync, **options):
+        started.append((model, weight_sync, options))
+        yield "http://127.0.0.1:1"
+
+    monkeypatch.setattr(serve, "running_server", recorded)
+    monkeypatch.setattr(testing, "vllm_python", lambda: "/venv/bin/python")
+    with generation_server(str(tmp_path), "vllm", str(tmp_path / "server.log")) as url:
+        assert url == "http://127.0.0.1:1"
+    [(model, weight_sync, options)] = started
+    assert (model, weight_sync, options["with_parent"], options["extra_args"]) == (str(tmp_path), "disk", True,
+                                                                                    SERVER_ARGS)
+
+
+def test_the_demo_trains_in_bf16_only_where_bf16_is_fast(tmp_path):
+    """`bf16_is_fast` against the CPU's own flags (Linux, x86, no CUDA): oneDNN's bf16 kernels need AVX-512 BW, VL and
+    DQ; on a CPU with AVX2 only a bf16 matmul is many times slower than fp32, and the demo's config trains in fp32."""
+    import platform
+
+    import pytest
+    import torch
+
+    from or1_trl.demos.real_model import bf16_is_fast, demo_config
+
+    if torch.cuda.is_available() or platform.machine() != "x86_64" or not os.path.exists("/proc/cpuinfo"):
+        pytest.skip("the reference is an x86 Linux CPU's flags")
+    flags = set(open("/proc/cpuinfo").read().split())
+    expected = {"avx512bw", "avx512vl", "avx512dq"} <= flags
+    assert bf16_is_fast() == expected
+    assert demo_config(str(tmp_path / "out"), max_steps=3).bf16 == expected
