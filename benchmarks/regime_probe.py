@@ -15,6 +15,7 @@ issue's regime:
 | reasoning | completions with a worked step before the tagged answer (`reasons_before_answer`) | >= 50% |
 | selected tokens before the answer | of the top-20% entropy tokens of the tagged completions (one quantile over the probe's tokens, as TRL's `get_high_entropy_mask` takes it over a batch), the share before the "Answer:" tag | mostly (> 50%) |
 | accuracy | tagged answer = gold (`tagged_answer_reward`) | low enough to leave room |
+| continues after the answer | of the tagged completions, those that write on after their first tagged number | — |
 | truncated | completions that reached `--max-new-tokens` without an end-of-sequence token | — |
 
 The result goes to `benchmarks/results/regime_probe/<settings>.json` (every completion's text, reward, length,
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -33,7 +35,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from or1_trl.data.word_problems import (TEMPLATES, answer_offset, reasons_before_answer, tagged_answer,
+from or1_trl.data.word_problems import (ANSWER_TAG, TEMPLATES, answer_offset, reasons_before_answer, tagged_answer,
                                         tagged_answer_reward, word_problem_split)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,6 +52,13 @@ def answer_token(tokenizer, ids: list[int], offset: int | None) -> int:
         if len(tokenizer.decode(ids[: k + 1], skip_special_tokens=True)) > offset:
             return k
     return len(ids)
+
+
+def text_after_answer(text: str) -> str:
+    """What the completion writes after the number of its first "Answer:" tag ("" when it stops there, or has no
+    tag): a model that goes on past its answer spends tokens (and the 80/20 rule's selection) after it."""
+    match = re.search(rf"{re.escape(ANSWER_TAG)}\s*-?\d+(?:\.\d+)?", text)
+    return text[match.end():].strip() if match else ""
 
 
 def sample_rung(model, tokenizer, rows: list[dict], samples: int, max_new_tokens: int, seed: int) -> list[dict]:
@@ -79,6 +88,7 @@ def sample_rung(model, tokenizer, rows: list[dict], samples: int, max_new_tokens
             "truncated": not ended, "reward": tagged_answer_reward([text], [row["answer"]])[0],
             "tagged": tagged_answer(text) is not None, "reasons": reasons_before_answer(text),
             "answer_token": answer_token(tokenizer, ids, offset), "entropies": entropies[i, :length].tolist(),
+            "after_answer": text_after_answer(text),
         })
     return records
 
@@ -98,7 +108,9 @@ def summarise(records: list[dict], samples: int) -> dict:
     mean = lambda values: statistics.mean(values) if values else float("nan")  # noqa: E731
     return {"completions": len(records), "groups": len(groups), "accuracy": mean([r["reward"] for r in records]),
             "informative_groups": mean(informative), "reasoning": mean([r["reasons"] for r in records]),
-            "tagged": mean([r["tagged"] for r in records]), "truncated": mean([r["truncated"] for r in records]),
+            "tagged": mean([r["tagged"] for r in records]),
+            "continues_after_answer": mean([bool(r.get("after_answer")) for r in tagged]),
+            "truncated": mean([r["truncated"] for r in records]),
             "mean_length": mean([r["length"] for r in records]), "entropy_threshold": threshold,
             "selected_before_answer": mean(selected), "selected_tokens": len(selected),
             "answer_token_selected": mean(answer_selected)}
@@ -109,13 +121,24 @@ def markdown(result: dict) -> str:
     lines = [f"Regime probe, `python benchmarks/regime_probe.py` ({s['model']}; {s['prompts']} held-out problems a "
              f"rung × {s['samples']} samples, ≤ {s['max_new_tokens']} new tokens, temperature 1, HF `generate` "
              f"fp32 on CPU, seed {s['seed']}; {result['seconds']:.0f} s):", "",
-             "| rung | accuracy | informative groups | reasoning | tagged | truncated | mean length | top-20% tokens "
-             "before the answer | answer token selected |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| rung | accuracy | informative groups | reasoning | tagged | goes on after the answer | truncated | "
+             "mean length | top-20% tokens "
+             "before the answer | answer token selected |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, f in [*result["rungs"].items(), ("**all**", result["all"])]:
         lines.append(f"| {name} | {f['accuracy']:.2f} | {f['informative_groups']:.2f} | {f['reasoning']:.2f} | "
-                     f"{f['tagged']:.2f} | {f['truncated']:.2f} | {f['mean_length']:.0f} | "
+                     f"{f['tagged']:.2f} | {f['continues_after_answer']:.2f} | {f['truncated']:.2f} | "
+                     f"{f['mean_length']:.0f} | "
                      f"{f['selected_before_answer']:.2f} | {f['answer_token_selected']:.2f} |")
     return "\n".join(lines) + "\n"
+
+
+def finished_rungs(path: str, settings: dict) -> dict[str, dict]:
+    """The rungs a stopped probe with the same `settings` finished (`{rung: entry}`, from its partial file)."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        entries = [json.loads(line) for line in f if line.strip()]
+    return {entry["rung"]: entry for entry in entries if entry["settings"] == settings}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -130,7 +153,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="the tiny model, 2 problems, 2 samples, 8 tokens")
     parser.add_argument("--out", help="the JSON's path (default: under benchmarks/results/regime_probe/)")
     args = parser.parse_args(argv)
-    started = time.perf_counter()
     if args.quick:
         from or1_trl.testing import tiny_model_and_tokenizer
 
@@ -145,23 +167,35 @@ def main(argv: list[str] | None = None) -> dict:
     model.eval()
     _, problems = word_problem_split(train=0, held_out=args.prompts, rungs=args.rungs, seed=args.seed,
                                      worked_example=not args.no_worked_example)
-    records = []
-    for index, rung in enumerate(args.rungs):
-        rows = [row for row in problems if row["rung"] == rung]
-        records += sample_rung(model, tokenizer, rows, args.samples, args.max_new_tokens, seed=args.seed + index)
-        print(f"{rung}: {summarise([r for r in records if r['rung'] == rung], args.samples)}", flush=True)
-    result = {"settings": {"model": name, "prompts": args.prompts, "samples": args.samples,
-                           "max_new_tokens": args.max_new_tokens, "rungs": args.rungs, "seed": args.seed,
-                           "worked_example": not args.no_worked_example},
-              "rungs": {rung: summarise([r for r in records if r["rung"] == rung], args.samples)
-                        for rung in args.rungs},
-              "all": summarise(records, args.samples), "seconds": time.perf_counter() - started, "records": records}
+    settings = {"model": name, "prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
+                "rungs": args.rungs, "seed": args.seed, "worked_example": not args.no_worked_example}
     out = args.out or os.path.join(RESULTS, f"{name}-p{args.prompts}-g{args.samples}-t{args.max_new_tokens}"
                                    f"{'-bare' if args.no_worked_example else ''}-seed{args.seed}.json")
-    if not args.quick or args.out:
-        os.makedirs(os.path.dirname(out), exist_ok=True)
+    keep = not args.quick or args.out
+    done = finished_rungs(out + ".partial.jsonl", settings) if keep else {}
+    seconds = sum(entry["seconds"] for entry in done.values())
+    for index, rung in enumerate(args.rungs):
+        if rung in done:
+            print(f"{rung}: from {out}.partial.jsonl", flush=True)
+            continue
+        began = time.perf_counter()
+        rows = [row for row in problems if row["rung"] == rung]
+        records = sample_rung(model, tokenizer, rows, args.samples, args.max_new_tokens, seed=args.seed + index)
+        done[rung] = {"rung": rung, "settings": settings, "seconds": time.perf_counter() - began, "records": records}
+        seconds += done[rung]["seconds"]
+        if keep:  # each rung as it ends: a stopped probe resumes with the next rung
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with open(out + ".partial.jsonl", "a") as f:
+                f.write(json.dumps(done[rung]) + "\n")
+        print(f"{rung}: {summarise(records, args.samples)}", flush=True)
+    records = [record for rung in args.rungs for record in done[rung]["records"]]
+    result = {"settings": settings,
+              "rungs": {rung: summarise(done[rung]["records"], args.samples) for rung in args.rungs},
+              "all": summarise(records, args.samples), "seconds": seconds, "records": records}
+    if keep:
         with open(out, "w") as f:
             json.dump(result, f)
+        os.remove(out + ".partial.jsonl")
     print(markdown(result), end="")
     return result
 

@@ -591,7 +591,7 @@ def test_regime_probe_figures_against_a_hand_count():
         {"prompt_id": "p2", "reward": 0.0, "tagged": False, "reasons": False, "truncated": True, "length": 3,
          "answer_token": 3, "entropies": [4.0, 5.0, 6.0]},
         {"prompt_id": "p2", "reward": 0.0, "tagged": True, "reasons": True, "truncated": False, "length": 2,
-         "answer_token": 1, "entropies": [7.0, 8.0]},
+         "answer_token": 1, "entropies": [7.0, 8.0], "after_answer": "Question 2: ..."},
     ]
     figures = probe.summarise(records, samples=2)
     assert figures["entropy_threshold"] == pytest.approx(8.2)
@@ -599,6 +599,33 @@ def test_regime_probe_figures_against_a_hand_count():
     assert figures["answer_token_selected"] == pytest.approx(1 / 3)  # p1's first: its answer token is selected
     assert figures["informative_groups"] == 0.5 and figures["accuracy"] == 0.25 and figures["reasoning"] == 0.5
     assert figures["tagged"] == 0.75 and figures["truncated"] == 0.25 and figures["mean_length"] == 2.5
+    assert figures["continues_after_answer"] == pytest.approx(1 / 3)  # of the 3 tagged, one writes on
+    assert probe.text_after_answer("7 - 2 = 5.\nAnswer: 5\nAnswer: 6") == "Answer: 6"
+    assert probe.text_after_answer("so 12.\nAnswer: 12.5 ") == "" and probe.text_after_answer("12") == ""
+
+
+def test_a_stopped_regime_probe_resumes_with_the_next_rung(tmp_path, monkeypatch):
+    """Each rung's records are written as the rung ends; a second probe with the same settings samples only the rungs
+    not written yet, and reports every rung (a probe with other settings starts over)."""
+    probe = load_script("regime_probe_bench", os.path.join(ROOT, "benchmarks", "regime_probe.py"))
+    sampled = []
+    real = probe.sample_rung
+
+    def counted(model, tokenizer, rows, *args, **kwargs):
+        sampled.append(rows[0]["rung"])
+        if len(sampled) == 2:
+            raise KeyboardInterrupt  # stopped during the second rung
+        return real(model, tokenizer, rows, *args, **kwargs)
+
+    monkeypatch.setattr(probe, "sample_rung", counted)
+    out = str(tmp_path / "probe.json")
+    with pytest.raises(KeyboardInterrupt):
+        probe.main(["--quick", "--rungs", "buy", "give", "--out", out])
+    assert sampled == ["buy", "give"] and os.path.exists(out + ".partial.jsonl")
+    first = json.loads(open(out + ".partial.jsonl").read())["records"]
+    result = probe.main(["--quick", "--rungs", "buy", "give", "--out", out])
+    assert sampled == ["buy", "give", "give"] and not os.path.exists(out + ".partial.jsonl")
+    assert [r for r in result["records"] if r["rung"] == "buy"] == first and set(result["rungs"]) == {"buy", "give"}
 
 
 def test_regime_probe_finds_the_token_where_the_answer_starts():
@@ -611,3 +638,17 @@ def test_regime_probe_finds_the_token_where_the_answer_starts():
     k = probe.answer_token(tokenizer, ids, text.index("Answer:"))
     assert tokenizer.decode(ids[:k]) == "3 + 4 = 7\n" and "A" in tokenizer.decode(ids[k:k + 1])
     assert probe.answer_token(tokenizer, ids, None) == len(ids)
+
+
+def test_demo_repeat_compares_two_runs_step_by_step():
+    """`benchmarks/demo_repeat.py`: the steps two demo runs drew alike, the first step they parted at, and whether
+    their held-out figures agree."""
+    repeat = load_script("demo_repeat_bench", os.path.join(ROOT, "benchmarks", "demo_repeat.py"))
+    first = {"hashes": [5, 7, 9], "before": 0.25, "after": 0.5}
+    assert repeat.compare(first, dict(first)) == {"steps_alike": [True] * 3, "all_alike": True, "first_apart": None,
+                                                  "held_out_alike": True}
+    apart = {"hashes": [5, 8, 9], "before": 0.25, "after": 0.375}
+    assert repeat.compare(first, apart) == {"steps_alike": [True, False, True], "all_alike": False, "first_apart": 2,
+                                            "held_out_alike": False}
+    with pytest.raises(ValueError):  # runs of different lengths are not compared
+        repeat.compare(first, {"hashes": [5, 7], "before": 0.25, "after": 0.5})
