@@ -13,7 +13,7 @@ issue's regime:
 |---|---|---|
 | informative groups | groups whose samples neither all score 1 nor all 0 | 30-60% |
 | reasoning | completions with a worked step before the tagged answer (`reasons_before_answer`) | >= 50% |
-| selected tokens before the answer | of the top-20% entropy tokens of the tagged completions (one quantile over the probe's tokens, as TRL's `get_high_entropy_mask` takes it over a batch), the share before the "Answer:" tag | mostly (> 50%) |
+| selected tokens before the answer (in those that stop at it) | of the top-20% entropy tokens of the tagged completions (one quantile over the probe's tokens, as TRL's `get_high_entropy_mask` takes it over a batch), the share before the "Answer:" tag | mostly (> 50%) |
 | accuracy | tagged answer = gold (`tagged_answer_reward`) | low enough to leave room |
 | continues after the answer | of the tagged completions, those that write on after their first tagged number | — |
 | truncated | completions that reached `--max-new-tokens` without an end-of-sequence token | — |
@@ -103,6 +103,9 @@ def summarise(records: list[dict], samples: int) -> dict:
     all_entropies = [e for r in records for e in r["entropies"]]
     threshold = torch.tensor(all_entropies).quantile(1 - TOP_QUANTILE).item() if all_entropies else float("nan")
     selected = [(k < r["answer_token"]) for r in tagged for k, e in enumerate(r["entropies"]) if e >= threshold]
+    # the same, over the tagged completions that stop at their answer: where the selection falls without the tails
+    selected_stopped = [(k < r["answer_token"]) for r in tagged if not r.get("after_answer")
+                        for k, e in enumerate(r["entropies"]) if e >= threshold]
     answer_selected = [r["entropies"][r["answer_token"]] >= threshold for r in tagged
                        if r["answer_token"] < len(r["entropies"])]
     mean = lambda values: statistics.mean(values) if values else float("nan")  # noqa: E731
@@ -113,6 +116,7 @@ def summarise(records: list[dict], samples: int) -> dict:
             "truncated": mean([r["truncated"] for r in records]),
             "mean_length": mean([r["length"] for r in records]), "entropy_threshold": threshold,
             "selected_before_answer": mean(selected), "selected_tokens": len(selected),
+            "selected_before_answer_when_stopped": mean(selected_stopped),
             "answer_token_selected": mean(answer_selected)}
 
 
@@ -120,15 +124,18 @@ def markdown(result: dict) -> str:
     s = result["settings"]
     lines = [f"Regime probe, `python benchmarks/regime_probe.py` ({s['model']}; {s['prompts']} held-out problems a "
              f"rung × {s['samples']} samples, ≤ {s['max_new_tokens']} new tokens, temperature 1, HF `generate` "
-             f"fp32 on CPU, seed {s['seed']}; {result['seconds']:.0f} s):", "",
+             f"fp32 on CPU, seed {s['seed']}; {result['seconds']:.0f} s"
+             + (f"; finished {result['finished']} on {result['device']}" if "finished" in result else "")
+             + (f", 1-min load {result['load']:.1f} at the end" if "load" in result else "") + "):", "",
              "| rung | accuracy | informative groups | reasoning | tagged | goes on after the answer | truncated | "
-             "mean length | top-20% tokens "
-             "before the answer | answer token selected |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "mean length | top-20% tokens before the answer (in those that stop at it) | answer token selected |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, f in [*result["rungs"].items(), ("**all**", result["all"])]:
         lines.append(f"| {name} | {f['accuracy']:.2f} | {f['informative_groups']:.2f} | {f['reasoning']:.2f} | "
                      f"{f['tagged']:.2f} | {f['continues_after_answer']:.2f} | {f['truncated']:.2f} | "
                      f"{f['mean_length']:.0f} | "
-                     f"{f['selected_before_answer']:.2f} | {f['answer_token_selected']:.2f} |")
+                     f"{f['selected_before_answer']:.2f} ({f['selected_before_answer_when_stopped']:.2f}) | "
+                     f"{f['answer_token_selected']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -152,26 +159,40 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model-dir", help="default: `or1-trl model smollm2`'s folder")
     parser.add_argument("--quick", action="store_true", help="the tiny model, 2 problems, 2 samples, 8 tokens")
     parser.add_argument("--out", help="the JSON's path (default: under benchmarks/results/regime_probe/)")
+    parser.add_argument("--markdown", metavar="FILE", help="also write the table to FILE (`update_readme.py`)")
     args = parser.parse_args(argv)
     if args.quick:
-        from or1_trl.testing import tiny_model_and_tokenizer
-
-        model, tokenizer = tiny_model_and_tokenizer(seed=0)
         args.prompts, args.samples, args.max_new_tokens, name = 2, 2, 8, "tiny"
     else:
-        from or1_trl.models import model_folder
-
-        folder = args.model_dir or model_folder("smollm2")
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-        tokenizer, name = AutoTokenizer.from_pretrained(folder), "SmolLM2-135M-Instruct"
-    model.eval()
-    _, problems = word_problem_split(train=0, held_out=args.prompts, rungs=args.rungs, seed=args.seed,
-                                     worked_example=not args.no_worked_example)
+        name = "SmolLM2-135M-Instruct"
     settings = {"model": name, "prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
                 "rungs": args.rungs, "seed": args.seed, "worked_example": not args.no_worked_example}
     out = args.out or os.path.join(RESULTS, f"{name}-p{args.prompts}-g{args.samples}-t{args.max_new_tokens}"
                                    f"{'-bare' if args.no_worked_example else ''}-seed{args.seed}.json")
     keep = not args.quick or args.out
+    if keep and os.path.exists(out):  # a finished probe with these settings is reported, not sampled again
+        with open(out) as f:
+            result = json.load(f)
+        if result["settings"] != settings:
+            sys.exit(f"{out} holds a probe with other settings: pass another --out")
+        records = result["records"]  # the figures again from the records: what `summarise` computes now
+        result["rungs"] = {rung: summarise([r for r in records if r["rung"] == rung], args.samples)
+                           for rung in args.rungs}
+        result["all"] = summarise(records, args.samples)
+        return report(result, args.markdown)
+    if args.quick:
+        from or1_trl.testing import tiny_model_and_tokenizer
+
+        model, tokenizer = tiny_model_and_tokenizer(seed=0)
+    else:
+        from or1_trl.models import model_folder
+
+        folder = args.model_dir or model_folder("smollm2")
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    model.eval()
+    _, problems = word_problem_split(train=0, held_out=args.prompts, rungs=args.rungs, seed=args.seed,
+                                     worked_example=not args.no_worked_example)
     done = finished_rungs(out + ".partial.jsonl", settings) if keep else {}
     seconds = sum(entry["seconds"] for entry in done.values())
     for index, rung in enumerate(args.rungs):
@@ -191,12 +212,24 @@ def main(argv: list[str] | None = None) -> dict:
     records = [record for rung in args.rungs for record in done[rung]["records"]]
     result = {"settings": settings,
               "rungs": {rung: summarise(done[rung]["records"], args.samples) for rung in args.rungs},
-              "all": summarise(records, args.samples), "seconds": seconds, "records": records}
+              "all": summarise(records, args.samples), "seconds": seconds,
+              "finished": time.strftime("%Y-%m-%d %H:%M"),
+              "device": f"{os.cpu_count()} CPUs, torch {torch.__version__}",
+              "load": os.getloadavg()[0], "records": records}
     if keep:
         with open(out, "w") as f:
             json.dump(result, f)
         os.remove(out + ".partial.jsonl")
-    print(markdown(result), end="")
+    return report(result, args.markdown)
+
+
+def report(result: dict, path: str | None) -> dict:
+    """Print the probe's table (and write it to `path`); returns the result."""
+    text = markdown(result)
+    print(text, end="")
+    if path:
+        with open(path, "w") as f:
+            f.write(text)
     return result
 
 

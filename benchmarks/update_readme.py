@@ -68,6 +68,8 @@ BENCHMARKS = {
     # in benchmarks/results/learning_pairing)
     "learning_pairing": Benchmark("benchmarks/learning.py", ("--pairing", "--report-only"), ("--pairing", "--quick"),
                                   block="benchmarks/learning.py pairing", report=True),
+    # issue 50's regime probe: a finished probe (benchmarks/results/regime_probe) is reported from its file
+    "regime_probe": Benchmark("benchmarks/regime_probe.py", (), ("--quick",), report=True),
     "rollout_correction": Benchmark("benchmarks/rollout_correction.py", (), ("--quick",)),
     "packing": Benchmark("benchmarks/packing.py", (), ("--quick",)),
     "async_generation": Benchmark("benchmarks/async_generation.py", (), ("--quick",)),

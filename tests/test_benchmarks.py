@@ -600,6 +600,7 @@ def test_regime_probe_figures_against_a_hand_count():
     assert figures["informative_groups"] == 0.5 and figures["accuracy"] == 0.25 and figures["reasoning"] == 0.5
     assert figures["tagged"] == 0.75 and figures["truncated"] == 0.25 and figures["mean_length"] == 2.5
     assert figures["continues_after_answer"] == pytest.approx(1 / 3)  # of the 3 tagged, one writes on
+    assert figures["selected_before_answer_when_stopped"] == 0.5  # p2's second writes on: p1's first alone counts
     assert probe.text_after_answer("7 - 2 = 5.\nAnswer: 5\nAnswer: 6") == "Answer: 6"
     assert probe.text_after_answer("so 12.\nAnswer: 12.5 ") == "" and probe.text_after_answer("12") == ""
 
