@@ -233,5 +233,9 @@ def test_on_paired_rollouts_rejection_only_rescales_the_first_update(tmp_path):
     assert with_rejection.abs().max() > 0.9e-3  # ...yet a real update, Adam's first: about lr per weight
     assert torch.nn.functional.cosine_similarity(with_rejection, without, dim=0) > 0.9999
     # nearly equal: the two batches differ in rows and padding, so their gradients differ at rounding level, which
-    # Adam's g / (|g| + ε) shows only where |g| is near ε
-    assert (with_rejection - without).abs().max() < 0.05e-3
+    # Adam's g / (|g| + ε) shows only where |g| is near ε: a handful of the 416,384 weights, by how much depends on the
+    # CPU's rounding (up to 5.05e-5 on an AVX2 machine, under 5e-5 on an AVX-512 one). So: all but a few in 1,000 move
+    # alike to 0.1% of the learning rate, and none moves the other way (a sign flip would differ by about 2 x lr)
+    difference = (with_rejection - without).abs()
+    assert (difference > 1e-3 * 1e-3).float().mean() < 1e-3
+    assert difference.max() < 0.5 * 1e-3
