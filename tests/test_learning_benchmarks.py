@@ -228,6 +228,8 @@ def test_ladder_plan_runs_or1_before_the_one_shot_arms_of_each_seed():
 
 
 def test_ladder_arms_share_the_shape_and_differ_in_one_part(tmp_path):
+    from or1_trl.demos.real_model import bf16_is_fast  # the arms train as the demo does: bf16 where it is fast
+
     settings = learning_arms.LADDER
     configs = {arm: learning_arms.ladder_config(arm, 3, str(tmp_path / arm), settings, "http://127.0.0.1:1")
                for arm in learning_arms.LADDER_ARMS}
@@ -236,8 +238,8 @@ def test_ladder_arms_share_the_shape_and_differ_in_one_part(tmp_path):
     for config in configs.values():
         assert (config.learning_rate, config.lr_scheduler_type, config.per_device_train_batch_size,
                 config.num_generations, config.max_completion_length, config.bf16, config.max_steps, config.seed,
-                config.use_vllm, config.vllm_mode) == (3e-5, or1.lr_scheduler_type, 32, 8, 48, True, settings.steps, 3,
-                                                       True, "server")
+                config.use_vllm, config.vllm_mode) == (3e-5, or1.lr_scheduler_type, 32, 8, 48, bf16_is_fast(),
+                                                       settings.steps, 3, True, "server")
         assert config.lr_scheduler_type.value == "constant" and config.gradient_checkpointing is False
     assert not hasattr(grpo, "stages") and grpo.use_vllm and grpo.vllm_server_base_url == "http://127.0.0.1:1"
     assert [(s["until_step"], s["max_completion_length"]) for s in or1.stages] == [
