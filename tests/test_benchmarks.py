@@ -377,7 +377,9 @@ def test_quick_real_step_time_benchmark_is_consistent(tmp_path, smollm2_dir, mon
         assert arm["flops"] == pytest.approx(bench.update_flops(counts, arm["forwards"]))
         assert arm["flop_per_s"] == arm["flops"] / arm["forward_backward_total_s"]
         assert arm["rows"] == sum(rows for rows, _ in arm["forwards"])
-    assert trl["rows"] == engine["rows"] == or1["rows"] == 8 and 1 <= demo["rows"] <= 8  # 1 prompt × 8: nothing rejected / kept rows
+    # 1 prompt × 8: the scripted reward rejects nothing; with `math_reward` the one group may be all wrong (rejected:
+    # no rows forwarded) or kept whole
+    assert trl["rows"] == engine["rows"] == or1["rows"] == 8 and demo["rows"] in (0, 8)
     assert values["fp32_fraction"] == or1["flop_per_s"] / or1["gemm_fp32"]
     assert values["bf16_fraction"] == or1["flop_per_s"] / or1["gemm_bf16"]
     assert values["goals_met"] == {"step_ratio": values["step_ratio"] <= 1.0,
