@@ -25,18 +25,18 @@ RESULTS = os.path.join(HERE, "results", "demo_repeat-cpu")
 def compare(first: dict, second: dict) -> dict:
     """Which steps the two runs drew alike (equal completion hashes), and whether their held-out figures agree."""
     same = [a == b for a, b in zip(first["hashes"], second["hashes"], strict=True)]
-    return {"steps_alike": same, "all_alike": all(same), "first_apart": same.index(False) + 1 if not all(same) else None,
+    first_apart = same.index(False) + 1 if not all(same) else None
+    return {"steps_alike": same, "all_alike": all(same), "first_apart": first_apart,
             "held_out_alike": (first["before"], first["after"]) == (second["before"], second["after"])}
 
 
 def one_run(output_dir: str, steps: int, held_out_per_rung: int, server_args: list[str], bf16: bool | None) -> dict:
-    import or1_trl.demos.real_model as real_model
+    from or1_trl.demos.real_model import run_real_demo
 
-    real_model.SERVER_ARGS = server_args  # the demo's server, in the dtype measured
     overrides = {} if bf16 is None else {"bf16": bf16}
     began = time.monotonic()
-    report = real_model.run_real_demo("smollm2", output_dir, max_steps=steps, generation="vllm",
-                                      held_out_per_rung=held_out_per_rung, **overrides)
+    report = run_real_demo("smollm2", output_dir, max_steps=steps, generation="vllm",
+                           held_out_per_rung=held_out_per_rung, server_args=server_args, **overrides)
     history = report["log_history"]
     return {"hashes": [log["rollout/completions_hash"] for log in history if "rollout/completions_hash" in log],
             "step_times": [log["step_time"] for log in history if "step_time" in log],

@@ -173,7 +173,8 @@ def summary_line(model: str, report: dict, seconds: float) -> str:
 
 
 @contextlib.contextmanager
-def generation_server(folder: str, generation: str, log_path: str, server_url: str | None = None):
+def generation_server(folder: str, generation: str, log_path: str, server_url: str | None = None,
+                      server_args: list[str] | None = None):
     """The vLLM CPU server's URL (started here, stopped on exit; `server_url`: one already serving `folder`), or `None`
     for HF `generate` in the trainer. `generation`: "vllm" (its venv must exist), "hf", or "auto" (vLLM when its venv
     exists)."""
@@ -193,19 +194,22 @@ def generation_server(folder: str, generation: str, log_path: str, server_url: s
                   "the trainer, slower (more so beside other work).", flush=True)
         yield None
         return
-    print(f"Starting a vLLM CPU server for {folder} ({SERVER_ARGS[1]}; log: {log_path}) ...", flush=True)
+    server_args = SERVER_ARGS if server_args is None else server_args
+    print(f"Starting a vLLM CPU server for {folder} ({server_args[1]}; log: {log_path}) ...", flush=True)
     # with_parent: a demo killed outright (SIGTERM, SIGKILL) takes its server with it
-    with running_server(folder, "disk", log_path=log_path, python=python, extra_args=SERVER_ARGS,
+    with running_server(folder, "disk", log_path=log_path, python=python, extra_args=server_args,
                         with_parent=True) as url:
         yield url
 
 
 def run_real_demo(model: str = "smollm2", output_dir: str = "outputs/or1-demo-smollm2", seed: int = 0,
                   max_steps: int = DEFAULT_STEPS, generation: str = "auto", server_url: str | None = None,
-                  held_out_per_rung: int = HELD_OUT_PER_RUNG, **overrides) -> dict:
+                  held_out_per_rung: int = HELD_OUT_PER_RUNG, server_args: list[str] | None = None,
+                  **overrides) -> dict:
     """Train the real model on the ladder and return the report (`gain_report`, plus `seconds` and the trainer's
     `log_history`); prints one line per step, the per-rung table and the summary line. `server_url`: generate on a
-    running server of the model instead of starting one; `overrides`: `OR1Config` fields."""
+    running server of the model instead of starting one; `server_args`: its vLLM flags (default `SERVER_ARGS`);
+    `overrides`: `OR1Config` fields."""
     from transformers import AutoTokenizer, PrinterCallback
 
     from ..generation.sampling import HFBackend, ServerBackend
@@ -222,7 +226,8 @@ def run_real_demo(model: str = "smollm2", output_dir: str = "outputs/or1-demo-sm
     train, held_out = ladder_split(TRAIN_PER_RUNG, held_out_per_rung, seed=seed)
     problems = held_out_problems(held_out)
     mark_demo_dir(output_dir)
-    with generation_server(folder, generation, os.path.join(output_dir, "vllm_server.log"), server_url) as url:
+    with generation_server(folder, generation, os.path.join(output_dir, "vllm_server.log"), server_url,
+                           server_args) as url:
         tokenizer = AutoTokenizer.from_pretrained(folder)
         trainer = OR1Trainer(model=folder, reward_funcs=math_reward, args=demo_config(
             output_dir, max_steps, seed, url, **overrides), train_dataset=train.remove_columns("rung"),
