@@ -31,12 +31,14 @@ import re
 import statistics
 import sys
 import time
+from functools import partial
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from or1_trl.data.word_problems import (ANSWER_TAG, TEMPLATES, answer_offset, reasons_before_answer, tagged_answer,
-                                        tagged_answer_reward, word_problem_split)
+from or1_trl.data.word_problems import (ANSWER_LINE, ANSWER_TAG, TEMPLATES, answer_offset, reasons_before_answer,
+                                        tagged_answer, tagged_answer_reward, word_problem_split)
+from or1_trl.generation.stop import StopAt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "regime_probe")
@@ -61,8 +63,10 @@ def text_after_answer(text: str) -> str:
     return text[match.end():].strip() if match else ""
 
 
-def sample_rung(model, tokenizer, rows: list[dict], samples: int, max_new_tokens: int, seed: int) -> list[dict]:
-    """Every row's `samples` completions with their tokens' entropies, one `generate` call for the rung."""
+def sample_rung(model, tokenizer, rows: list[dict], samples: int, max_new_tokens: int, seed: int,
+                stop: StopAt | None = None) -> list[dict]:
+    """Every row's `samples` completions with their tokens' entropies, one `generate` call for the rung; with `stop`
+    (`--stop-at-answer-line`), each cut as the trainer cuts it with `stop_pattern` (`StopAt.cut`)."""
     texts = [tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True) for row in rows]
     tokenizer.padding_side = "left"
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -81,11 +85,15 @@ def sample_rung(model, tokenizer, rows: list[dict], samples: int, max_new_tokens
         ended = tokenizer.eos_token_id in ids
         length = ids.index(tokenizer.eos_token_id) + 1 if ended else len(ids)
         ids = ids[:length]
+        keep = stop.end(ids) if stop is not None else None
+        if keep is not None:  # stopped at the pattern: the tokens after it leave the rollout
+            ids, length = ids[:keep], keep
         text = tokenizer.decode(ids, skip_special_tokens=True)
         offset = answer_offset(text)
         records.append({
             "prompt_id": row["prompt_id"], "rung": row["rung"], "text": text, "length": length,
-            "truncated": not ended, "reward": tagged_answer_reward([text], [row["answer"]])[0],
+            "truncated": not ended and keep is None, "stopped": keep is not None,
+            "reward": tagged_answer_reward([text], [row["answer"]])[0],
             "tagged": tagged_answer(text) is not None, "reasons": reasons_before_answer(text),
             "answer_token": answer_token(tokenizer, ids, offset), "entropies": entropies[i, :length].tolist(),
             "after_answer": text_after_answer(text),
@@ -114,6 +122,7 @@ def summarise(records: list[dict], samples: int) -> dict:
             "tagged": mean([r["tagged"] for r in records]),
             "continues_after_answer": mean([bool(r.get("after_answer")) for r in tagged]),
             "truncated": mean([r["truncated"] for r in records]),
+            "stopped": mean([r.get("stopped", False) for r in records]),
             "mean_length": mean([r["length"] for r in records]), "entropy_threshold": threshold,
             "selected_before_answer": mean(selected), "selected_tokens": len(selected),
             "selected_before_answer_when_stopped": mean(selected_stopped),
@@ -124,7 +133,9 @@ def markdown(result: dict) -> str:
     s = result["settings"]
     lines = [f"Regime probe, `python benchmarks/regime_probe.py` ({s['model']}; {s['prompts']} held-out problems a "
              f"rung × {s['samples']} samples, ≤ {s['max_new_tokens']} new tokens, temperature 1, HF `generate` "
-             f"fp32 on CPU, seed {s['seed']}; {result['seconds']:.0f} s"
+             f"fp32 on CPU, seed {s['seed']}"
+             + ("; each completion cut after its answer line, as `stop_pattern=ANSWER_LINE` cuts it"
+                if s.get("stop_pattern") else "") + f"; {result['seconds']:.0f} s"
              + (f"; finished {result['finished']} on {result['device']}" if "finished" in result else "")
              + (f", 1-min load {result['load']:.1f} at the end" if "load" in result else "") + "):", "",
              "| rung | accuracy | informative groups | reasoning | tagged | goes on after the answer | truncated | "
@@ -156,6 +167,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--rungs", nargs="+", default=list(TEMPLATES), choices=list(TEMPLATES))
     parser.add_argument("--no-worked-example", action="store_true", help="the question alone, no solved example")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stop-at-answer-line", action="store_true",
+                        help="cut each completion after its answer line, as the trainer does with "
+                             "`stop_pattern=word_problems.ANSWER_LINE` (the same draws, cut)")
     parser.add_argument("--model-dir", help="default: `or1-trl model smollm2`'s folder")
     parser.add_argument("--quick", action="store_true", help="the tiny model, 2 problems, 2 samples, 8 tokens")
     parser.add_argument("--out", help="the JSON's path (default: under benchmarks/results/regime_probe/)")
@@ -166,9 +180,11 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         name = "SmolLM2-135M-Instruct"
     settings = {"model": name, "prompts": args.prompts, "samples": args.samples, "max_new_tokens": args.max_new_tokens,
-                "rungs": args.rungs, "seed": args.seed, "worked_example": not args.no_worked_example}
+                "rungs": args.rungs, "seed": args.seed, "worked_example": not args.no_worked_example,
+                **({"stop_pattern": ANSWER_LINE} if args.stop_at_answer_line else {})}
     out = args.out or os.path.join(RESULTS, f"{name}-p{args.prompts}-g{args.samples}-t{args.max_new_tokens}"
-                                   f"{'-bare' if args.no_worked_example else ''}-seed{args.seed}.json")
+                                   f"{'-bare' if args.no_worked_example else ''}"
+                                   f"{'-stop' if args.stop_at_answer_line else ''}-seed{args.seed}.json")
     keep = not args.quick or args.out
     if keep and os.path.exists(out):  # a finished probe with these settings is reported, not sampled again
         with open(out) as f:
@@ -191,6 +207,8 @@ def main(argv: list[str] | None = None) -> dict:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(folder)
     model.eval()
+    stop = (StopAt(ANSWER_LINE, decode=partial(tokenizer.decode, skip_special_tokens=True))
+            if args.stop_at_answer_line else None)
     _, problems = word_problem_split(train=0, held_out=args.prompts, rungs=args.rungs, seed=args.seed,
                                      worked_example=not args.no_worked_example)
     done = finished_rungs(out + ".partial.jsonl", settings) if keep else {}
@@ -201,7 +219,8 @@ def main(argv: list[str] | None = None) -> dict:
             continue
         began = time.perf_counter()
         rows = [row for row in problems if row["rung"] == rung]
-        records = sample_rung(model, tokenizer, rows, args.samples, args.max_new_tokens, seed=args.seed + index)
+        records = sample_rung(model, tokenizer, rows, args.samples, args.max_new_tokens, seed=args.seed + index,
+                              stop=stop)
         done[rung] = {"rung": rung, "settings": settings, "seconds": time.perf_counter() - began, "records": records}
         seconds += done[rung]["seconds"]
         if keep:  # each rung as it ends: a stopped probe resumes with the next rung

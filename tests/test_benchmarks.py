@@ -631,6 +631,28 @@ def test_a_stopped_regime_probe_resumes_with_the_next_rung(tmp_path, monkeypatch
     assert [r for r in result["records"] if r["rung"] == "buy"] == first and set(result["rungs"]) == {"buy", "give"}
 
 
+def test_regime_probe_cuts_the_same_draws_where_the_trainer_would():
+    """`--stop-at-answer-line`: the same draws as without it, each cut by `StopAt` (its tokens' entropies alike); a cut
+    completion is stopped, not truncated. (The tiny model writes "Answer" now and then, never an answer line.)"""
+    from functools import partial
+
+    from or1_trl.data.word_problems import word_problem_split
+    from or1_trl.generation.stop import StopAt
+    from or1_trl.testing import tiny_model_and_tokenizer
+
+    probe = load_script("regime_probe_bench", os.path.join(ROOT, "benchmarks", "regime_probe.py"))
+    model, tokenizer = tiny_model_and_tokenizer(seed=0)
+    rows = list(word_problem_split(train=0, held_out=2, rungs=["buy"])[1])
+    stop = StopAt("Answer", decode=partial(tokenizer.decode, skip_special_tokens=True))
+    whole = probe.sample_rung(model, tokenizer, rows, samples=3, max_new_tokens=10, seed=4)
+    cut = probe.sample_rung(model, tokenizer, rows, samples=3, max_new_tokens=10, seed=4, stop=stop)
+    assert 0 < sum(r["stopped"] for r in cut) < len(cut)
+    for w, c in zip(whole, cut, strict=True):
+        assert w["text"].startswith(c["text"]) and c["entropies"] == w["entropies"][:c["length"]]
+        assert c["stopped"] == ("Answer" in w["text"]) == ("Answer" in c["text"])
+        assert c["truncated"] == (w["truncated"] and not c["stopped"])
+
+
 def test_regime_probe_finds_the_token_where_the_answer_starts():
     from or1_trl.testing import tiny_tokenizer
 

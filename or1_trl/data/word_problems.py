@@ -33,6 +33,10 @@ What a completion is judged by, here and in the regime probe:
 - `answer_offset`: where the tag starts (the tokens before it are the reasoning: where the 80/20 rule's selected
   tokens should fall).
 
+A completion may write on after its answer line (in the regime probe, 38% of the tagged ones did), where the 80/20
+rule's selected tokens and the entropy term would then fall: `ANSWER_LINE`, as `OR1Config.stop_pattern`, ends each
+completion with its answer line (`or1_trl.generation.stop`).
+
 The split (`word_problem_split`) draws distinct operand triples per rung with its own seed: `held_out` for evaluation,
 then up to `train` others for training, none in both, as `ladder_split` does.
 """
@@ -48,6 +52,8 @@ from dataclasses import dataclass
 SYSTEM = "You solve word problems step by step."
 INSTRUCTION = "Work it out step by step, then write the final answer on its own line as 'Answer: <number>'."
 ANSWER_TAG = "Answer:"
+#: `OR1Config.stop_pattern` for this family: a completion ends with its answer line (`generation/stop.py`).
+ANSWER_LINE = r"Answer:[^\n]*\n"
 NAMES = ("Tom", "Ana", "Sam", "Lea", "Ben", "Mia")
 THINGS = ("apples", "pens", "cards", "books", "eggs", "coins")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -77,6 +78,7 @@ TRL_BEHAVIOUR = {
     "async_generation": False,
     "max_staleness": 1,
     "rollout_seed": None,
+    "stop_pattern": None,
     "vllm_weight_sync": None,  # TRL's `VLLMGeneration` (an `OR1Config` resolves None in `__post_init__`)
     "vllm_sync_dtype": "server",
     "vllm_sync_dir": None,
@@ -259,6 +261,14 @@ class OR1Config(GRPOConfig):
             which makes a comparison of them far less noisy. On the vLLM server (`vllm_mode="server"`: one seeded
             request per prompt) and on TRL's HF `generate` path (Gumbel-max with counter-based noise); not with
             in-process vLLM (`vllm_mode="colocate"`) or continuous batching. `None`: TRL's sampling.
+        stop_pattern (`str` or `None`, *optional*, defaults to `None`):
+            A regular expression that ends a completion (`or1_trl/generation/stop.py`): each completion is cut after
+            the token that completes the first match in its decoded text, on every generation path (vLLM server,
+            one-step-off, HF `generate`); the tokens after it leave the rollout (reward, loss, T_k, the 80/20 mask).
+            E.g. `r"Answer:[^\n]*\n"` ends a completion with its answer line (`data.word_problems.ANSWER_LINE`).
+            Logged: `completions/stopped_ratio`. A stopped completion is not truncated for
+            `truncated_advantage_mask` and `accuracy/non_truncated`; TRL's `completions/clipped_ratio` counts it as
+            clipped (its last token is no EOS, as with vLLM's stop strings). `None`: completions end as generated.
 
         > Parameters that control the vLLM server's weight sync (only used when `use_vllm=True, vllm_mode="server"`)
 
@@ -505,6 +515,12 @@ class OR1Config(GRPOConfig):
         metadata={"help": "Paired rollouts: each sample's randomness is a function of this seed, the step, the prompt "
                   "and the sample's index (the vLLM server or HF generate). Two runs with one seed draw the same "
                   "completions; two configs share their random numbers. Unset: TRL's sampling."},
+    )
+    stop_pattern: str | None = field(
+        default=None,
+        metadata={"help": "A regular expression that ends a completion: each is cut after the token completing its "
+                  "first match, on every generation path; the tokens after it leave the rollout (reward, loss, the "
+                  "80/20 mask). E.g. 'Answer:[^\\n]*\\n'. Unset: completions end as generated."},
     )
 
     # Parameters that control the vLLM server's weight sync (only used when `use_vllm=True, vllm_mode="server"`)
@@ -757,6 +773,17 @@ class OR1Config(GRPOConfig):
                              f"{self.rollout_correction!r} turns off: set "
                              "rollout_correction='geo_mask_token_truncate' or 'token_truncate'.")
 
+    def _validate_stop_pattern(self):
+        if self.stop_pattern is None:
+            return
+        try:
+            re.compile(self.stop_pattern)
+        except re.error as error:
+            raise ValueError(f"stop_pattern={self.stop_pattern!r} is not a regular expression: {error}.") from None
+        if re.compile(self.stop_pattern).search(""):
+            raise ValueError(f"stop_pattern={self.stop_pattern!r} matches the empty text, so it would cut every "
+                             "completion to nothing: give a pattern that needs at least one character.")
+
     def _validate_rollout_seed(self):
         if self.rollout_seed is None:  # its range (an integer >= 0) is checked with the others (`ranges.py`)
             return
@@ -889,6 +916,7 @@ class OR1Config(GRPOConfig):
                 )
         self._validate_async_generation()
         self._validate_rollout_seed()
+        self._validate_stop_pattern()
         departures = self.magic_departures()
         if departures:
             warnings.warn(f"not the paper's objective: {'; '.join(departures)}.", UserWarning, stacklevel=3)

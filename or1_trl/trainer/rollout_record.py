@@ -49,8 +49,11 @@ def scalar_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> tor
     return rewards
 
 
-def row_facts(inputs: list[dict], completion_ids: list[list[int]], stop_ids: set[int], index_column: str) -> list:
+def row_facts(inputs: list[dict], completion_ids: list[list[int]], stop_ids: set[int], index_column: str,
+              stopped: list[bool] | None = None) -> list:
     """Per local row: dataset index (`row[index_column]`, -1 without it), truncated (TRL's rule: the completion does
-    not end with one of `stop_ids`, EOS or pad), length."""
-    return [[row.get(index_column, -1), not ids or ids[-1] not in stop_ids, len(ids)]
-            for row, ids in zip(inputs, completion_ids)]
+    not end with one of `stop_ids`, EOS or pad; and, with `stopped`, was not ended by `OR1Config.stop_pattern`),
+    length."""
+    stopped = stopped if stopped is not None else [False] * len(completion_ids)
+    return [[row.get(index_column, -1), not ended and (not ids or ids[-1] not in stop_ids), len(ids)]
+            for row, ids, ended in zip(inputs, completion_ids, stopped, strict=True)]
