@@ -159,22 +159,26 @@ def hf_backends(model, tokenizer, bf16: bool):
     return backend, backend
 
 
-def evaluate_ladder(backends, problems: list, settings: LadderSettings, step: int) -> dict:
+def evaluate_ladder(backends, problems: list, settings: LadderSettings, step: int, judge=None,
+                    context: int | None = None) -> dict:
     """Held-out accuracy of the policy `backends` sample from (`(sampled, greedy)`: `server_backends`, `hf_backends`):
     avg@`samples` at T = 1.0 (seeded per prompt and step, the same for every arm and seed), the policy's entropy on
-    those samples (NaN where the backend gives no log-probs: HF), greedy accuracy; overall and per rung."""
+    those samples (NaN where the backend gives no log-probs: HF), greedy accuracy; overall and per rung. `judge` (a
+    TRL reward function, default the ladder's `math_reward`) scores a sample, `context` (default the ladder's
+    `real_model.CONTEXT`) caps its new tokens: `benchmarks/regime.py` passes the word problems' own."""
     from or1_trl.demos.real_model import CONTEXT
     from or1_trl.eval.evaluation import eval_scorer
     from or1_trl.generation.sampling import SamplingSettings, sample
     from or1_trl.rewards import math_reward
 
+    context = CONTEXT if context is None else context
     prompts = {p.id: p.problem for p in problems}
-    score = eval_scorer(math_reward, {p.id: p for p in problems})
+    score = eval_scorer(math_reward if judge is None else judge, {p.id: p for p in problems})
     backend, greedy_backend = backends
-    sampled = sample(backend, prompts, SamplingSettings(n=settings.samples, temperature=1.0, max_tokens=CONTEXT,
+    sampled = sample(backend, prompts, SamplingSettings(n=settings.samples, temperature=1.0, max_tokens=context,
                                                         seed=LADDER_EVAL_SEED + step), score=score, progress=False)
     entropy = getattr(backend, "entropy", float("nan"))
-    greedy = sample(greedy_backend, prompts, SamplingSettings(n=1, temperature=0.0, max_tokens=CONTEXT,
+    greedy = sample(greedy_backend, prompts, SamplingSettings(n=1, temperature=0.0, max_tokens=context,
                                                               seed=LADDER_EVAL_SEED), score=score, progress=False)
     accuracy = {pid: statistics.mean(r["correct"]) for pid, r in sampled.items()}
     greedy_accuracy = {pid: float(r["correct"][0]) for pid, r in greedy.items()}
@@ -221,8 +225,10 @@ class LadderEvaluation(TrainerCallback):
     The training wall clock runs from the first `on_train_begin` and excludes the evaluations and their pushes; the
     1-min load average is sampled every step; the step the trainer's entropy-collapse warning fired is kept."""
 
-    def __init__(self, trainer_ref: list, url: str | None, problems: list, settings: LadderSettings, start: dict):
+    def __init__(self, trainer_ref: list, url: str | None, problems: list, settings: LadderSettings, start: dict,
+                 judge=None, context: int | None = None):
         self.trainer_ref, self.url, self.problems, self.settings = trainer_ref, url, problems, settings
+        self.judge, self.context = judge, context  # `evaluate_ladder`'s: None, the ladder's
         self.start_point, self.start, self.excluded, self.points, self.loads = start, None, 0.0, [], []
         self.push = None  # the backend's own sync_weights (the trainer's calls go through a counting wrapper)
         self.collapse_warning_step = None
@@ -254,7 +260,7 @@ class LadderEvaluation(TrainerCallback):
         else:
             backends = hf_backends(trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class,
                                    trainer.args.bf16)
-        point = evaluate_ladder(backends, self.problems, self.settings, step)
+        point = evaluate_ladder(backends, self.problems, self.settings, step, judge=self.judge, context=self.context)
         trainer.model.train()  # HFBackend put it in eval mode
         self.points.append({**point, "wall_s": wall, "tokens": tokens, "load": os.getloadavg()[0]})
         self.excluded += time.perf_counter() - before

@@ -45,15 +45,22 @@ class Cut:
 
 class StopAt:
     """Cuts completions after the first match of `pattern` (a regular expression, `re.search` semantics) in their
-    decoded text. `decode` maps token ids to text (the tokenizer's, special tokens skipped)."""
+    decoded text. `decode` maps token ids to text (the tokenizer's, special tokens skipped); without it only the
+    text-level methods (`matches`, `text`) work."""
 
-    def __init__(self, pattern: str, decode: Callable[[Sequence[int]], str]):
+    def __init__(self, pattern: str, decode: Callable[[Sequence[int]], str] | None = None):
         self.pattern = re.compile(pattern)
         self.decode = decode
 
     def matches(self, text: str) -> bool:
         """Whether `text` holds the pattern: a completion that was stopped, or would be."""
         return self.pattern.search(text) is not None
+
+    def text(self, text: str) -> str:
+        """`text` up to the end of the pattern's first match (all of it without one): what a judge reads of a
+        completion generated without the cut (e.g. an evaluation on a server) to score it as the trainer's cut one."""
+        match = self.pattern.search(text)
+        return text if match is None else text[: match.end()]
 
     def stopped(self, ids: Sequence[int]) -> bool:
         """Whether the completion `ids` ends at the pattern: after `cut`, exactly the completions it stopped."""

@@ -42,6 +42,8 @@ def test_a_completion_is_cut_after_the_token_that_completes_its_first_answer_lin
     again = stop.cut(cut.completion_ids, cut.logprobs)
     assert again.completion_ids == cut.completion_ids and again.stopped == cut.stopped  # idempotent
     assert stop.cut(rows, None).logprobs is None  # HF path: no generator log-probs
+    for text, kept in zip(texts, cut.completion_ids):  # the text a judge reads of an uncut completion
+        assert stop.text(text) == (decode(kept).rstrip(" ") if stop.matches(text) else text)
 
 
 def test_bisection_finds_the_first_match_on_random_token_strings():

@@ -1,0 +1,222 @@
+"""`benchmarks/regime.py` (issue 50), the recipe's claims where reasoning comes before the answer: each arm changes
+what its claim names and nothing else, the benchmark's 80/20 figures and random-mask control against plain counts,
+the goals' verdicts on hand-made results, and a `--quick` launch (the 1-shot arm ranks the `magic` run's prompts; a
+relaunch runs nothing). The runs' numbers are not tested: they are the benchmark's."""
+
+import dataclasses
+import sys
+import json
+import math
+
+import pytest
+import torch
+
+from .test_learning_benchmarks import load
+
+regime = load("regime")
+SETTINGS = regime.REGIME
+
+
+def _config(tmp_path, arm, seed=0, url=None, **kwargs):
+    return regime.regime_config(arm, seed, str(tmp_path / arm), SETTINGS, url, **kwargs)
+
+
+def test_every_arm_changes_only_what_its_claim_names(tmp_path):
+    magic = _config(tmp_path, "magic", seed=2).to_dict()
+    assert (magic["stop_pattern"], magic["rollout_seed"], magic["bf16"], magic["prompt_id_column"]) == (
+        regime.ANSWER_LINE, regime.ROLLOUT_SEED + 2, False, "prompt_id")
+    assert magic["stages"] == [{"until_step": 20, "max_completion_length": 96},
+                               {"until_step": 60, "max_completion_length": 128}]
+    assert magic["use_adaptive_entropy"] and magic["rejection_sampling"] == "compact"
+    controller = {"entropy_target", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max"}  # its settings
+    allowed = {  # arm: (the fields it may change of magic's, the ones it must)
+        "grpo": ({"rejection_sampling", "use_adaptive_entropy", "online_filter_threshold", "stages", *controller},
+                 {"rejection_sampling", "use_adaptive_entropy", "stages"}),
+        "bonus": ({"use_adaptive_entropy", "entropy_coef", *controller}, {"use_adaptive_entropy", "entropy_coef"}),
+        "bonus_no_rejection": ({"use_adaptive_entropy", "entropy_coef", "rejection_sampling", *controller},
+                               {"use_adaptive_entropy", "entropy_coef", "rejection_sampling"}),
+        "top20_all": ({"top_entropy_quantile"},) * 2,
+        "top20_selected": ({"top_entropy_quantile", "top_entropy_normalization"},) * 2,
+        "one_shot": ({"rejection_sampling", "online_filter_threshold", "use_adaptive_entropy", "entropy_coef",
+                      *controller}, {"rejection_sampling", "online_filter_threshold", "entropy_coef"}),
+    }
+    ignored = {"output_dir", "logging_dir", "run_name", "hub_model_id"}
+    for arm, (may, must) in allowed.items():
+        config = _config(tmp_path, arm, seed=2).to_dict()
+        changed = {k for k, v in config.items() if v != magic[k] and k not in ignored}
+        assert must <= changed <= may, (arm, changed)
+    same = {k: v for k, v in _config(tmp_path, "random20").to_dict().items() if k not in ignored}
+    assert same == {k: v for k, v in _config(tmp_path, "top20_all").to_dict().items() if k not in ignored}
+    assert regime.ARMS["random20"].mask == "random" and regime.ARMS["top20_all"].mask == "top"
+    bonus, one_shot = _config(tmp_path, "bonus"), _config(tmp_path, "one_shot")
+    assert (bonus.entropy_coef, bonus.use_adaptive_entropy) == (regime.FIXED_BONUS, False)
+    assert (one_shot.entropy_coef, one_shot.rejection_sampling) == (regime.ONE_SHOT_BONUS, "off")
+    grpo = _config(tmp_path, "grpo")
+    assert (grpo.rejection_sampling, grpo.use_adaptive_entropy, grpo.entropy_coef, grpo.stages) == ("off", False, 0.0,
+                                                                                                     None)
+    assert grpo.max_completion_length == 128 and grpo.rollout_correction == _config(tmp_path, "magic").rollout_correction
+
+
+def test_the_n_sgd_4_arms_cut_one_rollout_into_four_updates(tmp_path):
+    on = _config(tmp_path, "nsgd4", entropy_target=0.15)
+    off = _config(tmp_path, "nsgd4_off", entropy_target=0.15)
+    pilot = _config(tmp_path, "nsgd4_pilot", seed=regime.PILOT_SEED)
+    assert [(s["batch_size"], s["mini_batch_size"]) for s in on.stages] == [(16, 4), (16, 4)] == [
+        (s["batch_size"], s["mini_batch_size"]) for s in off.stages]  # prompts per rollout, per update: N_SGD 4
+    assert pilot.sgd_steps_per_rollout == 4 and pilot.per_device_train_batch_size == 32  # TRL's own N_SGD, no stages
+    assert (on.use_adaptive_entropy, on.entropy_target, off.use_adaptive_entropy) == (True, 0.15, False)
+    assert pilot.stages is None and not pilot.use_adaptive_entropy and pilot.rejection_sampling == "off"
+
+
+def test_the_entropy_target_comes_from_the_pilot():
+    log = [{"step": s, "entropy": 1.0 - 0.01 * s} for s in range(1, 61)]
+    assert regime.entropy_target_from_pilot({"log": log}, SETTINGS) == {
+        "target": 0.8, "pilot_min": pytest.approx(0.4), "pilot_at_third": pytest.approx(0.8)}  # never below 0.1
+    falls = [{"step": s, "entropy": 1.0 / s} for s in range(1, 61)]
+    assert regime.entropy_target_from_pilot({"log": falls}, SETTINGS)["target"] == 0.2
+
+
+def test_selected_before_answer_counts_the_tagged_rows_only():
+    selected = torch.tensor([[1, 0, 1, 1], [1, 1, 0, 0], [0, 1, 1, 1]], dtype=torch.bool)
+    assert regime.selected_before_answer(selected, [2, None, 1]) == (1 + 0, 3 + 3)
+
+
+def test_the_random_mask_draws_the_count_among_the_valid_tokens_only():
+    valid = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    for seed in range(20):
+        chosen = regime.random_mask(valid, 3, torch.Generator().manual_seed(seed))
+        assert int(chosen.sum()) == 3 and not (chosen & ~valid).any()
+    draws = torch.stack([regime.random_mask(valid, 1, torch.Generator().manual_seed(s)) for s in range(500)])
+    shares = draws.float().mean(0)[valid]  # each valid token drawn about a fifth of the time
+    assert shares.min() > 0.13 and shares.max() < 0.27
+    assert int(regime.random_mask(valid, 9, torch.Generator().manual_seed(0)).sum()) == 5  # at most every valid one
+
+
+def test_random_examples_come_from_different_rungs():
+    train, _ = regime.regime_data(SETTINGS)
+    for seed in range(3):
+        rows = [regime.stratified_example(train, k, seed) for k in range(regime.RANDOM_EXAMPLES)]
+        assert len({train[row]["rung"] for row in rows}) == regime.RANDOM_EXAMPLES
+        assert rows == [regime.stratified_example(train, k, seed) for k in range(regime.RANDOM_EXAMPLES)]
+
+
+def test_the_judge_reads_a_held_out_sample_up_to_its_answer_line():
+    text = "3 + 4 = 7.\nAnswer: 7\nAnswer: 8\n"
+    assert regime.judge([text, "Answer: 8"], ["7", "7"]) == [1.0, 0.0]  # the reward alone reads the last tag, 8
+    assert regime.tagged_answer_reward([text], ["7"]) == [0.0]
+
+
+def _result(arm, seed, auc, claim=1, **extra):
+    return {"arm": arm, "seed": seed, "claim": claim, "auc": auc, "start_accuracy": 0.1,
+            "final_accuracy": 0.1 + auc, "train_entropy_last_third": float("nan"), **extra}
+
+
+def test_verdicts_follow_the_stated_goals():
+    results = {arm: {s: _result(arm, s, auc) for s, auc in enumerate(values)} for arm, values in {
+        "magic": [0.30, 0.32, 0.28, 0.35], "grpo": [0.20, 0.25, 0.22, 0.27],
+        "bonus": [0.30, 0.31, 0.29, 0.30], "bonus_no_rejection": [0.31, 0.30, 0.30, 0.31],
+        "top20_all": [0.25, 0.20, 0.24, 0.30], "top20_selected": [0.31, 0.33, 0.29, 0.36],
+        "random20": [0.20, 0.21, 0.19, 0.22]}.items()}
+    v = regime.verdicts(results, SETTINGS)
+    assert v[1]["verdict"] == "met" and v[1]["figures"]["mean"] == pytest.approx((0.10 + 0.07 + 0.06 + 0.08) / 4)
+    assert v[2]["verdict"] == "met"  # −0.005 on average, its interval's lower end above −0.03
+    assert v[4]["verdict"] == {"a_all": "missed", "a_selected": "met", "b": "met"}
+    assert v[3]["verdict"] == "not tested" and v[5]["verdict"] == {"a": "not tested", "b": "not tested",
+                                                                   "c": "not tested"}
+    pilot = {"log": [{"step": s, "entropy": 1.0 / s} for s in range(1, 61)]}  # target 0.2
+    results |= {"nsgd4_pilot": {100: pilot}, "nsgd4": {s: _result("nsgd4", s, 0.3, train_entropy_last_third=h)
+                                                       for s, h in enumerate([0.15, 0.12])},
+                "nsgd4_off": {s: _result("nsgd4_off", s, 0.3, train_entropy_last_third=h)
+                              for s, h in enumerate([0.05, 0.02])}}
+    assert regime.verdicts(results, SETTINGS)[3]["verdict"] == "met"
+    results["nsgd4_off"][1]["train_entropy_last_third"] = 0.11  # this control did not collapse below target/2
+    assert regime.verdicts(results, SETTINGS)[3]["verdict"] == "missed"
+    for seed in (0, 1):
+        results["nsgd4_off"][seed]["train_entropy_last_third"] = 0.5  # no control collapsed: nothing to prevent
+    assert regime.verdicts(results, SETTINGS)[3]["verdict"] == "not tested"
+
+
+def test_the_plan_runs_the_pilot_and_magic_first_and_each_run_once():
+    plan = regime.plan([3, 5, 1], seeds=2, first_seed=0)
+    assert plan[0] == ("nsgd4_pilot", regime.PILOT_SEED) and len(plan) == len(set(plan))
+    assert plan.index(("magic", 0)) < plan.index(("one_shot", 0)) and ("magic", 1) in plan
+    assert [run for run in plan if run[1] == 0][:3] == [("nsgd4", 0), ("nsgd4_off", 0), ("magic", 0)]
+
+
+def test_regime_quick_ranks_the_magic_runs_prompts_and_resumes(tmp_path):
+    """`--quick --claims 5`: `magic`, then the 1-shot arms (π₁ from `magic`'s `prompt_stats.jsonl`, the random
+    examples, the format-only control), each result written; a relaunch runs nothing and reports the same."""
+    results = regime.main(["--quick", "--claims", "5", "--results", str(tmp_path)])
+    assert set(results) == set(regime.CLAIMS[5]) and all(set(runs) == {0} for runs in results.values())
+    one_shot = results["one_shot"][0]
+    ranked = [json.loads(line)["prompt_id"] for line in open(tmp_path / "magic-seed0.prompt_stats.jsonl")]
+    assert one_shot["selection"]["prompt_id"] in ranked
+    assert {results[f"one_shot_random{k}"][0]["selection"]["prompt_id"] for k in range(3)}.isdisjoint(
+        {None}) and results["format_only"][0]["selection"] is None
+    for runs in results.values():
+        r = runs[0]
+        assert r["settings"] == dataclasses.asdict(regime.REGIME_QUICK) and len(r["curve"]) == 3
+        assert r["auc"] == pytest.approx(regime.held_out_auc([(p["step"], p["accuracy"]) for p in r["curve"]]))
+        assert all(entry.get("completions/stopped_ratio", 0.0) == 0.0 for entry in r["log"])  # tiny: no answer line
+    written = {path.name: path.read_text() for path in tmp_path.glob("*-seed*.json")}
+    again = regime.main(["--quick", "--claims", "5", "--results", str(tmp_path)])
+    assert again == results and {p.name: p.read_text() for p in tmp_path.glob("*-seed*.json")} == written
+    assert not math.isnan(results["magic"][0]["start_accuracy"])
+
+
+def test_the_trainer_swaps_in_the_random_mask_and_logs_the_selected_share(tmp_path, monkeypatch):
+    """One step of `RegimeTrainer` on the tiny model with the 80/20 rule (every answer tag placed at token 2: the tiny
+    model writes none): the random control selects as many tokens as TRL's mask, among the valid ones only, and is
+    the mask the loss gets; the logged share before the answer is the plain count over the masks used."""
+    from or1_trl import OR1Config
+    from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
+
+    from .helpers import ScriptedReward, tagged_dataset
+
+    monkeypatch.setattr(regime, "answer_token", lambda tokenizer, ids: 2)
+    model, tokenizer = tiny_model_and_tokenizer(seed=0)
+    args = OR1Config(**tiny_training_args(tmp_path, top_entropy_quantile=0.2, max_steps=1, rollout_seed=1,
+                                          rejection_sampling="off"))
+    trainer = regime.RegimeTrainer(model, ScriptedReward(), args=args, processing_class=tokenizer,
+                                   train_dataset=tagged_dataset(["MIX", "ALL"] * 4))
+    trainer.regime_mask = "random"
+    seen = []
+    top, benchmark = regime.OR1Trainer.get_high_entropy_mask, regime.RegimeTrainer.get_high_entropy_mask
+
+    def spy(self, entropies, mask, threshold):
+        trl_mask = top(self, entropies, mask, threshold)
+        used = benchmark(self, entropies, mask, threshold)
+        seen.append((trl_mask, used, mask.bool()))
+        return used
+
+    monkeypatch.setattr(regime.RegimeTrainer, "get_high_entropy_mask", lambda self, *a: spy(self, *a), raising=True)
+    trainer.train()
+    assert seen
+    for trl_mask, used, valid in seen:
+        assert int(used.sum()) == int(trl_mask.sum()) and not (used & ~valid).any()
+    assert any(not torch.equal(trl_mask, used) for trl_mask, used, _ in seen)
+    shares = [before / total for before, total in (regime.selected_before_answer(used, [2] * len(used))
+                                                   for _, used, _ in seen) if total]
+    logged = [e["regime/selected_before_answer"] for e in trainer.state.log_history
+              if "regime/selected_before_answer" in e]
+    assert logged == [pytest.approx(sum(shares) / len(shares))]
+
+
+def test_the_gpu_script_runs_the_pilot_before_the_arms_it_sets_the_target_of(tmp_path):
+    """`scripts/gpu_regime.sh 3` with `QUICK=1` (the tiny model on the CPU, 2 processes at once): the pilot's result
+    is written before claim 3's arms start, and the controller arm trains with the target the pilot gives."""
+    import os
+    import subprocess
+
+    from .test_learning_benchmarks import ENV, ROOT
+
+    env = {**ENV, "QUICK": "1", "PARALLEL": "2", "SEEDS": "1", "RESULTS": str(tmp_path), "PYTHON": sys.executable}
+    done = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_regime.sh"), "3"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = regime.load_results(str(tmp_path), regime.REGIME_QUICK)
+    assert {arm: set(runs) for arm, runs in results.items()} == {"nsgd4_pilot": {100}, "nsgd4": {0}, "nsgd4_off": {0}}
+    target = regime.entropy_target_from_pilot(results["nsgd4_pilot"][100], regime.REGIME_QUICK)["target"]
+    assert results["nsgd4"][0]["entropy_target"] == target and results["nsgd4_off"][0]["entropy_target"] is None
+    pilot_done = os.path.getmtime(tmp_path / "nsgd4_pilot-seed100.json")
+    assert all(os.path.getmtime(tmp_path / "logs" / f"{arm}-seed0.log") > pilot_done for arm in ("nsgd4", "nsgd4_off"))
