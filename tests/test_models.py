@@ -180,11 +180,12 @@ def test_liger_and_trls_log_probs_agree_on_the_real_model(smollm2_dir, tmp_path)
         torch.testing.assert_close(entropies, reference[1], atol=1e-3, rtol=0, msg=backend)
 
 
-def test_the_bf16_server_scores_tokens_with_the_trainers_pushed_weights(smollm2_server, smollm2_dir, tmp_path):
-    """Two OR1 steps through a bf16 vLLM CPU server of SmolLM2 (disk sync: the trainer pushes its weights before each
-    rollout), then one more push: the server's per-token log-probs of a chat answer are the trained fp32 model's
-    within the bf16 gap (the same model run in bf16 by transformers: measured 0.02-0.03 nats mean |Δ|), and far from
-    the initial weights'. The learning rate is large so that the step moves the log-probs well past that gap."""
+def test_the_server_scores_tokens_with_the_trainers_pushed_weights(smollm2_server, smollm2_dir, tmp_path):
+    """Two OR1 steps through a vLLM CPU server of SmolLM2 (bf16 where bf16 is fast, else fp32: `smollm2_server`; disk
+    sync: the trainer pushes its weights before each rollout), then one more push: the server's per-token log-probs
+    of a chat answer are the trained fp32 model's within the bf16 gap (the same model run in bf16 by transformers:
+    measured 0.02-0.03 nats mean |Δ|; an fp32 server is far closer), and far from the initial weights'. The learning
+    rate is large so that the step moves the log-probs well past that gap."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from or1_trl import OR1Config, OR1Trainer

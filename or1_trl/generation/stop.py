@@ -7,8 +7,9 @@ TRL's HF `generate` passes no tokenizer, so transformers' `stop_strings` fail th
 generated, on token lists, whatever made them (the vLLM server, the one-step-off overlap, HF `generate`):
 
     stop = StopAt(r"Answer:[^\\n]*\\n", decode=tokenizer.decode)
-    cut = stop.cut(completion_ids, logprobs)   # OR1Trainer._generate_single_turn: TRL's, then cut
+    cut = stop.cut(completion_ids=completion_ids, logprobs=logprobs)
     cut.completion_ids, cut.logprobs, cut.stopped
+    cut_rollout(trainer, completion_ids=..., logprobs=...)   # OR1Trainer._generate_single_turn: TRL's, then this
 
 Invariants:
 - a completion is cut after the token that completes the pattern's first match in its decoded text (`decode`,
@@ -31,6 +32,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -90,3 +93,29 @@ class StopAt:
             if logprobs is not None:
                 logprobs_out.append(logprobs[row] if keep is None else logprobs[row][:keep])
         return Cut(completion_ids=ids_out, logprobs=logprobs_out, stopped=stopped)
+
+
+def for_trainer(args, tokenizer) -> StopAt | None:
+    """The trainer's `StopAt` for `args.stop_pattern` (None without one), decoding as TRL decodes completions."""
+    if getattr(args, "stop_pattern", None) is None:
+        return None
+    return StopAt(args.stop_pattern, decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def cut_rollout(trainer, completion_ids: list[list[int]], logprobs: list | None) -> tuple[list, list | None]:
+    """`OR1Trainer._generate_single_turn`'s output cut by the trainer's `completion_stop` (as it is without one), and
+    the share of completions stopped over all ranks logged (`completions/stopped_ratio`; every rank calls this in
+    step, as TRL's generation)."""
+    stop = trainer.completion_stop
+    if stop is None:
+        return completion_ids, logprobs
+    cut = stop.cut(completion_ids=completion_ids, logprobs=logprobs)
+    stopped = trainer.accelerator.gather(torch.tensor(cut.stopped, device=trainer.accelerator.device))  # [B*G]
+    trainer._metrics["train" if trainer.model.training else "eval"]["completions/stopped_ratio"].append(
+        stopped.float().mean().item())
+    return cut.completion_ids, cut.logprobs
+
+
+def stopped_rows(stop: StopAt | None, completion_ids: list[list[int]]) -> list[bool] | None:
+    """Per completion, whether `stop` ended it (None without a stop): such a completion is not truncated."""
+    return None if stop is None else [stop.stopped(ids) for ids in completion_ids]

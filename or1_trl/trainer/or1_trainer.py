@@ -28,7 +28,7 @@ One step k = one generation batch, on-policy; each hook wraps TRL's (super(), th
    `_generate`, `_calculate_rewards`, `_prepare_inputs` it times the step's phases (`observability.RunWatch`).
    `_generate`: paired rollouts (`rollout_seed`, `generation/seeded.py`); one-step-off ones, with `get_batch_samples`
    (`async_generation`, `generation/overlap.py`); `_generate_single_turn`: NaN/inf logits stop it (`finite_logits`);
-   completions end at `stop_pattern`, if set (`generation/stop.py`).
+   completions end at `stop_pattern`, if set (`generation/stop.cut_rollout`).
 
 Patches, each scoped and commented where it is made, are listed in docs/architecture.md ("Process-wide patches").
 Not scoped: on Hopper GPUs, PyTorch's cuDNN SDPA backend off for the process (`__init__`, `attention_guard.py`).
@@ -50,9 +50,8 @@ from trl import GRPOConfig, GRPOTrainer
 from ..data.released import released_format_inputs
 from ..eval import model_card
 from ..eval.evaluation import group_pass_at_k
-from ..generation import finite_logits, seeded
+from ..generation import finite_logits, seeded, stop as stopping
 from ..generation.overlap import OverlappedRollouts
-from ..generation.stop import StopAt
 from ..generation.vllm_generation import generation_backend
 from ..recipe.advantages import leave_group_statistics, zero_truncated
 from ..recipe.entropy import AdaptiveEntropyController, StepWindow
@@ -129,9 +128,7 @@ class OR1Trainer(GRPOTrainer):
         self._rollout_correction = RolloutCorrection.for_config(args, use_vllm=self.use_vllm)  # MAGIC on vLLM only
         self._overlap = OverlappedRollouts.for_trainer(self) if args.async_generation else None  # one-step-off
         self.rollout_seeds = seeded.RolloutSeeds.for_trainer(self)  # paired rollouts (`rollout_seed`)
-        self.completion_stop = (None if args.stop_pattern is None  # completions end at a pattern (`stop.py`)
-                                else StopAt(args.stop_pattern, decode=partial(self._tokenizer.decode,
-                                                                              skip_special_tokens=True)))
+        self.completion_stop = stopping.for_trainer(args, self._tokenizer)  # completions end at `stop_pattern`
         if self._stages:  # the sampler's own resume, each stage's end, every stage fits vLLM
             self._stages.attach(self)
         self._warn(*changed_defaults(args))  # what OR1Config changes of GRPOConfig's defaults, said once
@@ -174,9 +171,8 @@ class OR1Trainer(GRPOTrainer):
         rollout = Rollout(scalar_rewards(rewards_per_func, self.reward_weights))  # [B*G over all ranks]
         if self.model.training:  # per row, gathered like the rewards: dataset index, truncated, length
             stop = {*self.eos_token_ids, self._tokenizer.pad_token_id}
-            stopped = (None if self.completion_stop is None  # ended by `stop_pattern`: not truncated
-                       else [self.completion_stop.stopped(ids) for ids in completion_ids_list])
-            facts = row_facts(inputs, completion_ids_list, stop_ids=stop, index_column=INDEX_COLUMN, stopped=stopped)
+            facts = row_facts(inputs, completion_ids_list, stop_ids=stop, index_column=INDEX_COLUMN,
+                              stopped=stopping.stopped_rows(self.completion_stop, completion_ids_list))
             local = torch.tensor(facts, dtype=torch.long, device=rewards_per_func.device)  # [b, 3]
             rollout.rows = self.accelerator.gather(local)  # [B*G, 3]
             self._log_metrics(accuracy_metrics(rollout.rewards, rollout.rows[:, 1]))
@@ -366,13 +362,7 @@ class OR1Trainer(GRPOTrainer):
     def _generate_single_turn(self, *args, **kw):  # a NaN/inf at sampling: one line (`finite_logits.checked_rollout`)
         completion_ids, logprobs = finite_logits.checked_rollout(
             self, lambda: super(OR1Trainer, self)._generate_single_turn(*args, **kw))
-        if self.completion_stop is None:
-            return completion_ids, logprobs
-        cut = self.completion_stop.cut(completion_ids, logprobs)  # each completion ends at `stop_pattern`
-        stopped = self.accelerator.gather(torch.tensor(cut.stopped, device=self.accelerator.device))  # [B*G]
-        self._log_metrics({"completions/stopped_ratio": stopped.float().mean().item()},
-                          mode="train" if self.model.training else "eval")
-        return cut.completion_ids, cut.logprobs
+        return stopping.cut_rollout(self, completion_ids=completion_ids, logprobs=logprobs)  # `stop_pattern`
 
     def _prepare_inputs(self, generation_batch):  # the rollout's bookkeeping (generation, rewards: timed as such)
         with self._watch.timed("other", self.model.training):

@@ -32,26 +32,28 @@ def test_the_real_demo_schedule_and_report_against_a_plain_reference():
 
 
 def test_the_real_model_demo_end_to_end(tmp_path, capsys):
-    """`or1-trl demo --model smollm2 --max_steps 2`: the packaged model, its own bf16 vLLM CPU server, held-out
-    accuracy before and after over every held-out prompt (the report is the stored samples' correctness; a bare
-    integer answer is correct exactly when it is the sum/product asked), two OR1 steps, the model saved."""
+    """`or1-trl demo --model smollm2 --max_steps 2`: the packaged model, its own vLLM CPU server, held-out accuracy
+    before and after over every held-out prompt (2 a rung here, 24 in the demo: the same code; the report is the
+    stored samples' correctness; a bare integer answer is correct exactly when it is the sum/product asked), two OR1
+    steps, the model saved."""
     import json
 
     import numpy as np
     import torch
     from transformers import AutoModelForCausalLM
 
-    from or1_trl.demos.real_model import HELD_OUT_PER_RUNG, HELD_OUT_SAMPLES, run_real_demo, summary_line
+    from or1_trl.demos.real_model import HELD_OUT_SAMPLES, run_real_demo, summary_line
     from or1_trl.demos.ladder import RUNGS
 
     out = tmp_path / "demo"
-    report = run_real_demo("smollm2", str(out), max_steps=2, generation="vllm")
+    held_out = 2
+    report = run_real_demo("smollm2", str(out), max_steps=2, generation="vllm", held_out_per_rung=held_out)
     printed = capsys.readouterr().out.splitlines()
     assert printed[-1] == summary_line("smollm2", report, report["seconds"])
     assert len([line for line in printed if line.startswith("step ")]) == 2
     for phase, key in (("eval-before", "before"), ("eval-after", "after")):
         records = [json.loads(line) for line in open(out / phase / "ladder.jsonl")]
-        assert len(records) == HELD_OUT_PER_RUNG * len(RUNGS)
+        assert len(records) == held_out * len(RUNGS)
         accuracy = {r["id"]: np.mean(r["correct"]) for r in records}
         assert report[key] == np.mean(list(accuracy.values()))
         for name in RUNGS:
