@@ -219,20 +219,31 @@ def disk_backend_args(output_dir: str):
                            vllm_sync_peft="auto", vllm_server_api_key=None)
 
 
+def best_by_variance(stats: str, train, rows: int, missing: str):
+    """π₁: the training prompt of highest historical variance in a run's `prompt_stats.jsonl` (`stats`;
+    `or1_trl.data.one_shot`, what `or1-trl select-examples` runs), replicated to `rows` rows. Returns `(dataset, what
+    was chosen: its id, score and accuracies, how many prompts were ranked, the top five)`; `missing`: the error's
+    text when there is no `stats` yet."""
+    from or1_trl.data.one_shot import rank_prompts, read_stats, select_examples
+
+    if not os.path.exists(stats):
+        raise FileNotFoundError(missing)
+    ranking = rank_prompts(read_stats(stats))
+    data, _ = select_examples(train, ranking, 1, rows, prompt_id_column="prompt_id")
+    top = [{"prompt_id": r.prompt_id, "score": r.score, "accuracies": r.accuracies} for r in ranking[:5]]
+    return data, {**top[0], "ranked": len(ranking), "top5": top}
+
+
 def one_shot_dataset(arm: str, seed: int, train, results_dir: str, rows: int):
     """The 1-shot training set of `arm` for `seed`: `one_shot` the best prompt by historical variance in the `or1`
     run of the same seed (`prompt_stats.jsonl`, `or1_trl.data.one_shot`: what `or1-trl select-examples` runs),
     `one_shot_random` a random training prompt; replicated to `rows` rows. Returns `(dataset, what was chosen)`."""
-    from or1_trl.data.one_shot import rank_prompts, read_stats, replicate, select_examples
+    from or1_trl.data.one_shot import replicate
 
     if arm == "one_shot":
         stats = os.path.join(results_dir, f"or1-seed{seed}.prompt_stats.jsonl")
-        if not os.path.exists(stats):
-            raise FileNotFoundError(f"one_shot, seed {seed}: no {stats}; the or1 run of seed {seed} must finish first")
-        ranking = rank_prompts(read_stats(stats))
-        data, chosen = select_examples(train, ranking, 1, rows, prompt_id_column="prompt_id")
-        top = [{"prompt_id": r.prompt_id, "score": r.score, "accuracies": r.accuracies} for r in ranking[:5]]
-        return data, {**top[0], "ranked": len(ranking), "top5": top}
+        return best_by_variance(stats, train, rows, missing=f"one_shot, seed {seed}: no {stats}; the or1 run of seed "
+                                f"{seed} must finish first")
     row = random.Random(ONE_SHOT_RANDOM_SEED + seed).randrange(len(train))
     data = replicate(train, [row], rows).rename_column("prompt_id", "source_prompt_id")
     return data, {"prompt_id": train[row]["prompt_id"]}

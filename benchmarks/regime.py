@@ -90,6 +90,7 @@ from or1_trl.eval.paired import compare_paired, held_out_auc
 from or1_trl.files import write_json_atomic
 from or1_trl.generation.stop import StopAt
 from or1_trl.trainer.or1_config import TRL_BEHAVIOUR
+from learning_arms import best_by_variance
 from learning_evaluation import LadderEvaluation, evaluate_ladder, hf_backends, server_backends
 from learning_runner import LOG_KEYS, cached_json, counting, device_name
 
@@ -195,18 +196,15 @@ def training_set(arm: str, seed: int, train, results_dir: str, rows: int):
     """The arm's training set and what was chosen (`None` for the full data): π₁ by historical variance from the
     `magic` run of the same seed (its `prompt_stats.jsonl`, `or1_trl.data.one_shot`), or a stratified random example;
     replicated to `rows` rows."""
-    from or1_trl.data.one_shot import rank_prompts, read_stats, replicate, select_examples
+    from or1_trl.data.one_shot import replicate
 
     data = ARMS[arm].data
     if data == "all":
         return train, None
     if data == "one_shot":
         stats = os.path.join(results_dir, f"magic-seed{seed}.prompt_stats.jsonl")
-        if not os.path.exists(stats):
-            raise FileNotFoundError(f"one_shot, seed {seed}: no {stats}; the magic run of seed {seed} must end first")
-        ranking = rank_prompts(read_stats(stats))
-        chosen, _ = select_examples(train, ranking, 1, rows, prompt_id_column="prompt_id")
-        return chosen, {"prompt_id": ranking[0].prompt_id, "score": ranking[0].score, "ranked": len(ranking)}
+        return best_by_variance(stats, train, rows, missing=f"one_shot, seed {seed}: no {stats}; the magic run of "
+                                f"seed {seed} must end first")
     row = stratified_example(train, int(data.removeprefix("random")), seed)
     chosen = replicate(train, [row], rows).rename_column("prompt_id", "source_prompt_id")
     return chosen, {"prompt_id": train[row]["prompt_id"]}
