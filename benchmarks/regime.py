@@ -84,7 +84,8 @@ import torch
 from transformers import AutoTokenizer, PrinterCallback
 
 from or1_trl import OR1Config, OR1Trainer
-from or1_trl.data.word_problems import (ANSWER_LINE, ANSWER_TAG, TEMPLATES, format_reward, tagged_answer_reward,
+import regime_probe
+from or1_trl.data.word_problems import (ANSWER_LINE, TEMPLATES, answer_offset, format_reward, tagged_answer_reward,
                                         word_problem_split)
 from or1_trl.eval.paired import compare_paired, held_out_auc
 from or1_trl.files import write_json_atomic
@@ -270,15 +271,9 @@ def entropy_target_from_pilot(pilot: dict, settings: RegimeSettings) -> dict:
 # --- The trainer: OR1Trainer, with the benchmark's 80/20 figures and the random-20% control ------------------------
 def answer_token(tokenizer, ids: list[int]) -> int | None:
     """The index of the completion token in which the last "Answer:" tag starts (None without one): the tokens
-    before it are the reasoning."""
-    text = tokenizer.decode(ids, skip_special_tokens=True)
-    offset = text.rfind(ANSWER_TAG)
-    if offset < 0:
-        return None
-    for k in range(len(ids)):
-        if len(tokenizer.decode(ids[: k + 1], skip_special_tokens=True)) > offset:
-            return k
-    return None
+    before it are the reasoning (the regime probe's rule, `regime_probe.answer_token`)."""
+    offset = answer_offset(tokenizer.decode(ids, skip_special_tokens=True))
+    return None if offset is None else regime_probe.answer_token(tokenizer, ids, offset)
 
 
 def selected_before_answer(selected: torch.Tensor, answer_tokens: list[int | None]) -> tuple[int, int]:

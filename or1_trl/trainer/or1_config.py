@@ -777,10 +777,10 @@ class OR1Config(GRPOConfig):
         if self.stop_pattern is None:
             return
         try:
-            re.compile(self.stop_pattern)
+            pattern = re.compile(self.stop_pattern)
         except re.error as error:
             raise ValueError(f"stop_pattern={self.stop_pattern!r} is not a regular expression: {error}.") from None
-        if re.compile(self.stop_pattern).search(""):
+        if pattern.search(""):
             raise ValueError(f"stop_pattern={self.stop_pattern!r} matches the empty text, so it would cut every "
                              "completion to nothing: give a pattern that needs at least one character.")
 
