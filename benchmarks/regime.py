@@ -211,11 +211,13 @@ def training_set(arm: str, seed: int, train, results_dir: str, rows: int):
     return chosen, {"prompt_id": train[row]["prompt_id"]}
 
 
+ANSWER_STOP = StopAt(ANSWER_LINE)  # text-level only: what the trainer's cut keeps of a held-out sample
+
+
 def judge(completions, answer, **kwargs) -> list[float]:
     """The evaluation's reward: `tagged_answer_reward` on each completion up to its answer line (a held-out sample is
     generated without the trainer's cut; this reads what the cut keeps)."""
-    stop = StopAt(ANSWER_LINE)
-    texts = [stop.text(c if isinstance(c, str) else c[0]["content"]) for c in completions]
+    texts = [ANSWER_STOP.text(c if isinstance(c, str) else c[0]["content"]) for c in completions]
     return tagged_answer_reward(texts, answer)
 
 
