@@ -131,9 +131,10 @@ def summarise(records: list[dict], samples: int) -> dict:
 
 def markdown(result: dict) -> str:
     s = result["settings"]
-    lines = [f"Regime probe, `python benchmarks/regime_probe.py` ({s['model']}; {s['prompts']} held-out problems a "
-             f"rung × {s['samples']} samples, ≤ {s['max_new_tokens']} new tokens, temperature 1, HF `generate` "
-             f"fp32 on CPU, seed {s['seed']}"
+    flag = " --stop-at-answer-line" if s.get("stop_pattern") else ""
+    lines = [f"Regime probe, `python benchmarks/regime_probe.py{flag}` ({s['model']}; {s['prompts']} held-out "
+             f"problems a rung × {s['samples']} samples, ≤ {s['max_new_tokens']} new tokens, temperature 1, HF "
+             f"`generate` fp32 on CPU, seed {s['seed']}"
              + ("; each completion cut after its answer line, as `stop_pattern=ANSWER_LINE` cuts it"
                 if s.get("stop_pattern") else "") + f"; {result['seconds']:.0f} s"
              + (f"; finished {result['finished']} on {result['device']}" if "finished" in result else "")

@@ -70,6 +70,10 @@ BENCHMARKS = {
                                   block="benchmarks/learning.py pairing", report=True),
     # issue 50's regime probe: a finished probe (benchmarks/results/regime_probe) is reported from its file
     "regime_probe": Benchmark("benchmarks/regime_probe.py", (), ("--quick",), report=True),
+    # the same probe with each completion cut after its answer line, as the arms train (`stop_pattern`)
+    "regime_probe_stop": Benchmark("benchmarks/regime_probe.py", ("--stop-at-answer-line",),
+                                   ("--quick", "--stop-at-answer-line"), block="benchmarks/regime_probe.py stop",
+                                   report=True),
     "rollout_correction": Benchmark("benchmarks/rollout_correction.py", (), ("--quick",)),
     "packing": Benchmark("benchmarks/packing.py", (), ("--quick",)),
     "async_generation": Benchmark("benchmarks/async_generation.py", (), ("--quick",)),
