@@ -850,6 +850,18 @@ class OR1Config(GRPOConfig):
         """N_SGD: optimizer steps taken on one rollout batch (1 = on-policy, the paper's default)."""
         return self.num_iterations * self.steps_per_generation / self.gradient_accumulation_steps
 
+    def largest_sgd_steps_per_rollout(self) -> float:
+        """The largest N_SGD of the run: its own shape's, or a stage's (`batch_size / mini_batch_size` prompts, what
+        the stage leaves out taken from this config over `world_size` processes, as `stages.stage_shapes` does)."""
+        rows = self.per_device_train_batch_size * self.world_size  # rows per micro-step, all ranks
+        run_batch = self.generation_batch_size / self.num_generations  # prompts per rollout
+        run_mini = rows * self.gradient_accumulation_steps / self.num_generations  # prompts per optimizer step
+        stage_steps = [
+            self.num_iterations * (stage.batch_size or run_batch) / (stage.mini_batch_size or run_mini)
+            for stage in self.stage_list
+        ]
+        return max([self.sgd_steps_per_rollout, *stage_steps])
+
     def magic_departures(self) -> list[str]:
         """The TRL settings of this config that change the MAGIC objective (eq. 3.1), each with what MAGIC has.
 
@@ -920,11 +932,13 @@ class OR1Config(GRPOConfig):
         departures = self.magic_departures()
         if departures:
             warnings.warn(f"not the paper's objective: {'; '.join(departures)}.", UserWarning, stacklevel=3)
-        if self.use_adaptive_entropy and self.sgd_steps_per_rollout > 2:
+        sgd_steps = self.largest_sgd_steps_per_rollout()
+        if self.use_adaptive_entropy and sgd_steps > 2:
             warnings.warn(
-                f"Adaptive entropy control with {self.sgd_steps_per_rollout:g} SGD steps per rollout batch: the "
+                f"Adaptive entropy control with {sgd_steps:g} SGD steps per rollout batch: the "
                 "Skywork-OR1 report (§4.5) finds the controller unstable when N_SGD > 2. Keep "
-                "steps_per_generation == gradient_accumulation_steps and num_iterations == 1 (on-policy).",
+                "steps_per_generation == gradient_accumulation_steps (a stage's batch_size == mini_batch_size) and "
+                "num_iterations == 1 (on-policy).",
                 UserWarning,
                 stacklevel=3,
             )

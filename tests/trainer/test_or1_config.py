@@ -108,6 +108,21 @@ def test_warns_when_adaptive_entropy_meets_many_sgd_steps(tmp_path):
         warnings.simplefilter("error", UserWarning)
         config(tmp_path, num_iterations=2)  # 2 is still fine (§4.5)
         config(tmp_path, num_iterations=3, use_adaptive_entropy=False)
+        config(tmp_path, stages=[{"until_step": 2, "batch_size": 4, "mini_batch_size": 2}])  # N_SGD = 2
+
+
+def test_the_n_sgd_warning_reads_every_stage(tmp_path):
+    """A staged run warns when any stage takes more than 2 optimizer steps per rollout (batch_size / mini_batch_size
+    prompts), what the stage leaves out coming from the config, as the trainer sizes it."""
+    with pytest.warns(UserWarning, match="Adaptive entropy control with 4 SGD steps"):
+        config(tmp_path, stages=[{"until_step": 2}, {"until_step": 4, "batch_size": 8, "mini_batch_size": 2}])
+    shape = dict(per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=2)  # 2 prompts a step
+    with pytest.warns(UserWarning, match="Adaptive entropy control with 3 SGD steps"):
+        config(tmp_path, **shape, stages=[{"until_step": 2, "batch_size": 6}])  # 6 prompts a rollout / 2 a step
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        c = config(tmp_path, **shape, stages=[{"until_step": 2, "batch_size": 4}])
+    assert c.largest_sgd_steps_per_rollout() == 2 and c.sgd_steps_per_rollout == 1
 
 
 def test_vllm_weight_sync_defaults_to_disk_off_cuda(tmp_path):
