@@ -170,9 +170,10 @@ pair's second rollouts should be about as alike as an A/A pair's (on the bf16 se
 numerics depend on the batching; `--pairing --quick` drew 0.84 alike at step 2 in both). Results in `benchmarks/results/learning_pairing/`, one file
 per run, resumed like the ladder's.
 
-`--ladder --quick` (for the tests) runs `or1`, `grpo` and `one_shot` on 1 seed, 2 steps, 1 training and 1 held-out
-prompt per rung, 2 samples per held-out prompt, evaluating every step, into a temporary folder: its numbers mean
-nothing. `--report-only` writes the table (and `--plot`) from the finished runs without running anything.
+`--ladder --quick` (for the tests) runs `or1`, `grpo` and `one_shot` on the tiny model of `or1_trl.testing` (served
+like SmolLM2), 1 seed, 2 steps, 1 training and 1 held-out prompt per rung, 2 samples per held-out prompt, evaluating
+every step, into a temporary folder: its numbers mean nothing; `--pairing --quick` likewise. `--report-only` writes
+the table (and `--plot`) from the finished runs without running anything.
 """
 
 from __future__ import annotations
@@ -203,11 +204,23 @@ def server_dtype(choice: str) -> str:
     return "bfloat16" if bf16_is_fast() else "float32"
 
 
+def ladder_model(args, stack: contextlib.ExitStack) -> str:
+    """The model folder of `--ladder` and `--pairing`: SmolLM2-135M-Instruct (`or1-trl model smollm2`), or with
+    `--quick` the tiny model of `or1_trl.testing`, saved for the launch (the quick runs test the script: every path of
+    a real run in seconds, its numbers meaning nothing; the real model's own path is the real-model demo's tests')."""
+    if args.quick:
+        from or1_trl.testing import save_tiny_model
+
+        return save_tiny_model(stack.enter_context(tempfile.TemporaryDirectory(prefix="or1-ladder-tiny-")))
+    from or1_trl.models import model_folder
+
+    return model_folder("smollm2")
+
+
 def ladder_main(args) -> dict:
     """`--ladder`: run the (arm, seed) runs not finished yet in the results folder, each writing its result when it
     ends, on one vLLM CPU server for the launch; then the table (and `--plot`) from every finished run."""
     from or1_trl.files import write_json_atomic
-    from or1_trl.models import model_folder
 
     settings = dataclasses.replace(LADDER_QUICK if args.quick else LADDER, generation=args.generation)
     arms = list(args.arms or (LADDER_QUICK_ARMS if args.quick else LADDER_ARMS))
@@ -226,7 +239,7 @@ def ladder_main(args) -> dict:
                       file=sys.stderr, flush=True)
         regime_path, start_path = (os.path.join(results_dir, name) for name in ("regime.json", "start.json"))
         if (todo or not os.path.exists(regime_path)) and not args.report_only:
-            run_ladder(todo, settings, results_dir, regime_path, start_path, stack, model_folder("smollm2"),
+            run_ladder(todo, settings, results_dir, regime_path, start_path, stack, ladder_model(args, stack),
                        write_json_atomic, server_dtype=server_dtype(args.server_dtype))
         results = load_results(results_dir, settings)
         if not os.path.exists(regime_path):
@@ -245,7 +258,6 @@ def pairing_main(args) -> dict:
     """`--pairing`: the runs of the pairing experiment not finished yet (`learning_arms.pairing_plan`), each writing
     its result when it ends, on one vLLM CPU server; then the block from every finished run."""
     from or1_trl.files import write_json_atomic
-    from or1_trl.models import model_folder
 
     settings = dataclasses.replace(PAIRING_QUICK if args.quick else PAIRING, generation=args.generation)
     seeds = args.seeds if args.seeds is not None else (1 if args.quick else PAIRING_SEEDS)
@@ -259,7 +271,7 @@ def pairing_main(args) -> dict:
                 if not os.path.exists(path)]
         regime_path, start_path = (os.path.join(results_dir, name) for name in ("regime.json", "start.json"))
         if todo and not args.report_only:
-            run_ladder(todo, settings, results_dir, regime_path, start_path, stack, model_folder("smollm2"),
+            run_ladder(todo, settings, results_dir, regime_path, start_path, stack, ladder_model(args, stack),
                        write_json_atomic, server_dtype=server_dtype(args.server_dtype))
         results = {}
         for run, path in paths.items():

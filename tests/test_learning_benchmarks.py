@@ -419,11 +419,11 @@ def test_ladder_table_goals_and_resume_from_finished_results(tmp_path):
 
 
 def test_ladder_quick(tmp_path):
-    """`--ladder --quick` on the real model and its own vLLM CPU server (bf16 where bf16 is fast, else fp32: each
-    result says which; required in CI; skipped without the vLLM venv): grpo, or1 and one_shot each write a result;
-    every trainer pushed its own starting weights before its
-    first rollout (step 0) and once per rollout; one_shot trains on the or1 run's best-ranked prompt; a relaunch
-    skips every finished run and starts no server."""
+    """`--ladder --quick` on the tiny model and its own vLLM CPU server, as the ladder serves SmolLM2 (bf16 where bf16
+    is fast, else fp32: each result says which; required in CI; skipped without the vLLM venv): grpo, or1 and one_shot
+    each write a result; every trainer pushed its own starting weights before its first rollout (step 0) and once per
+    rollout; one_shot trains on the or1 run's best-ranked prompt; a relaunch skips every finished run and starts no
+    server."""
     import json
 
     from or1_trl.testing import vllm_python
@@ -437,7 +437,7 @@ def test_ladder_quick(tmp_path):
     def launch():
         return subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "learning.py"), "--ladder", "--quick",
                                "--results", str(results), "--markdown", str(block), "--plot", str(png),
-                               "--server-dtype", "auto"],  # fp32 on a CPU without fast bf16: minutes, not hours
+                               "--server-dtype", "auto"],  # fp32 on a CPU without fast bf16
                               capture_output=True, text=True, timeout=1800, env=ENV, cwd=tmp_path)
 
     first = launch()

@@ -1,5 +1,6 @@
 """The real-model demo (`or1_trl/demos/real_model.py`, `or1-trl demo --model smollm2`): its growing context and report
-against a plain reference, and the demo end to end on its own vLLM CPU server."""
+against a plain reference, and its server's lifetime. The demo end to end on its own vLLM CPU server is tested with its
+benchmark (`tests/test_benchmarks.py::test_the_real_model_demo_end_to_end_and_its_benchmark`: one run of it for both)."""
 
 import os
 
@@ -29,44 +30,6 @@ def test_the_real_demo_schedule_and_report_against_a_plain_reference():
     line = summary_line("smollm2", report, 570.0)
     assert line == (f"OR1 demo (smollm2): held-out accuracy {report['before']:.2f} -> {report['after']:.2f} (gain 95% "
                     f"interval {report['gain_ci'][0]:.2f}-{report['gain_ci'][1]:.2f}), 9.5 min")
-
-
-def test_the_real_model_demo_end_to_end(tmp_path, capsys):
-    """`or1-trl demo --model smollm2 --max_steps 2`: the packaged model, its own vLLM CPU server, held-out accuracy
-    before and after over every held-out prompt (2 a rung here, 24 in the demo: the same code; the report is the
-    stored samples' correctness; a bare integer answer is correct exactly when it is the sum/product asked), two OR1
-    steps, the model saved."""
-    import json
-
-    import numpy as np
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from or1_trl.demos.real_model import HELD_OUT_SAMPLES, run_real_demo, summary_line
-    from or1_trl.demos.ladder import RUNGS
-
-    out = tmp_path / "demo"
-    held_out = 2
-    report = run_real_demo("smollm2", str(out), max_steps=2, generation="vllm", held_out_per_rung=held_out)
-    printed = capsys.readouterr().out.splitlines()
-    assert printed[-1] == summary_line("smollm2", report, report["seconds"])
-    assert len([line for line in printed if line.startswith("step ")]) == 2
-    for phase, key in (("eval-before", "before"), ("eval-after", "after")):
-        records = [json.loads(line) for line in open(out / phase / "ladder.jsonl")]
-        assert len(records) == held_out * len(RUNGS)
-        accuracy = {r["id"]: np.mean(r["correct"]) for r in records}
-        assert report[key] == np.mean(list(accuracy.values()))
-        for name in RUNGS:
-            assert report["rungs"][name][key] == np.mean([v for pid, v in accuracy.items() if pid.startswith(f"{name}-")])
-        for record in records:
-            assert len(record["completions"]) == HELD_OUT_SAMPLES
-            for text, correct in zip(record["completions"], record["correct"]):
-                if text.strip().isdigit():
-                    assert correct == (int(text) == int(record["answer"])), (text, record["answer"])
-    assert json.load(open(out / "trainer_state.json"))["global_step"] == 2
-    assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 30
-    # the demo's rollouts are seeded by its seed (paired rollouts: two demos with one seed draw the same samples)
-    assert torch.load(out / "training_args.bin", weights_only=False).rollout_seed == 0
 
 
 def test_the_demo_server_dies_with_the_demo(monkeypatch, tmp_path):
