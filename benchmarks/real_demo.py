@@ -104,9 +104,9 @@ def markdown(demo: dict, costs: dict[str, dict], args) -> str:
     lines.append(f"| **ladder** | **{demo['before']:.3f}** | **{demo['after']:.3f}** | "
                  f"**{demo['after'] - demo['before']:+.3f}** (95% {low:+.3f} to {high:+.3f}) |")
     split = demo["split"]
-    wall_s = demo.get("wall_s", demo["seconds"])
+    wall_s = demo["wall_s"]
     met = demo["after"] - demo["before"] >= 0.30 and wall_s <= 600
-    precision = ("bf16 autocast" if demo.get("bf16", True) else "fp32 (bf16 is not fast on this CPU: "
+    precision = ("bf16 autocast" if demo["bf16"] else "fp32 (bf16 is not fast on this CPU: "
                  "`real_model.bf16_is_fast`)")
     lines += ["", f"Wall clock {wall_s / 60:.1f} min for {args.steps} steps (goal: +0.30 in ≤ 10 min: "
               f"{'met' if met else 'missed'}); the trainer in {precision}, the vLLM CPU server in fp32. "
@@ -142,8 +142,9 @@ def main(argv=None) -> dict:
     if args.quick:
         args.steps, args.cost_steps = 1, 2
     # Where bf16 is not fast the demo trains in fp32 (`demo_config`): the fp32 arm would be the demo again.
-    every_arm = [arm for arm in ARMS if bf16_is_fast() or arm != "fp32"]
-    quick_arms = ["demo", "fp32" if bf16_is_fast() else "no_compaction"]
+    bf16 = bf16_is_fast()
+    every_arm = [arm for arm in ARMS if bf16 or arm != "fp32"]
+    quick_arms = ["demo", "fp32" if bf16 else "no_compaction"]
     args.arms = args.arms or (quick_arms if args.quick else every_arm)
     args.steps = args.steps or DEFAULT_STEPS
     if vllm_python() is None:
@@ -161,7 +162,7 @@ def main(argv=None) -> dict:
             demo = {key: report[key] for key in ("before", "after", "gain_ci", "rungs", "seconds")}
             demo["server_start_s"] = server_start_s
             demo["wall_s"] = server_start_s + report["seconds"]  # the whole command: the server, then the demo
-            demo["bf16"] = bf16_is_fast()  # what `demo_config` chose: bf16 autocast, or fp32 where bf16 is slow
+            demo["bf16"] = bf16  # what `demo_config` chose: bf16 autocast, or fp32 where bf16 is slow
             demo["split"] = step_split([e for e in report["log_history"] if "time/step_s" in e])
             costs = {}
             for arm in args.arms:
