@@ -167,8 +167,10 @@ smaller with common random numbers than without (with its F interval: 4 pairs a 
 Mechanism, tested on the tiny model (`tests/generation/test_seeded.py`): on one rollout with the entropy term off,
 rejection only rescales the gradient, and Adam's first step takes both arms to (nearly) the same weights, so the
 pair's second rollouts should be about as alike as an A/A pair's (on the bf16 server neither is identical: its
-numerics depend on the batching; `--pairing --quick` drew 0.84 alike at step 2 in both). Results in `benchmarks/results/learning_pairing/`, one file
-per run, resumed like the ladder's.
+numerics depend on the batching; `--pairing --quick` drew 0.84 alike at step 2 in both). Results in
+`benchmarks/results/learning_pairing/`, one file per run, resumed like the ladder's; with `--server-dtype float32` (an
+fp32 server, whose sampling has not depended on its batching, and fp32 trainers where bf16 is not fast) in
+`benchmarks/results/learning_pairing-fp32/`: the same design, its own table.
 
 `--ladder --quick` (for the tests) runs `or1`, `grpo` and `one_shot` on the tiny model of `or1_trl.testing` (served
 like SmolLM2), 1 seed, 2 steps, 1 training and 1 held-out prompt per rung, 2 samples per held-out prompt, evaluating
@@ -191,7 +193,7 @@ from learning_arms import (LADDER, LADDER_ARMS, LADDER_QUICK, LADDER_QUICK_ARMS,
                            SERVER_ARMS, TOYS, pairing_plan, pairing_rollout_seed)
 from learning_report import ladder_markdown, ladder_plot, markdown, pairing_markdown
 from learning_runner import (LADDER_RESULTS, LADDER_RESULTS_SUFFIX, PAIRING_RESULTS, cached_json, ladder_plan,
-                             load_results, result_path, run, run_ladder, stop_server_at_exit)
+                             load_results, pairing_results, result_path, run, run_ladder, stop_server_at_exit)
 
 
 def server_dtype(choice: str) -> str:
@@ -261,9 +263,10 @@ def pairing_main(args) -> dict:
 
     settings = dataclasses.replace(PAIRING_QUICK if args.quick else PAIRING, generation=args.generation)
     seeds = args.seeds if args.seeds is not None else (1 if args.quick else PAIRING_SEEDS)
+    dtype = server_dtype(args.server_dtype)
     with contextlib.ExitStack() as stack:
         results_dir = args.results or (stack.enter_context(tempfile.TemporaryDirectory(prefix="or1-pairing-"))
-                                       if args.quick else PAIRING_RESULTS)
+                                       if args.quick else pairing_results(args.generation, dtype))
         os.makedirs(results_dir, exist_ok=True)
         paths = {run: os.path.join(results_dir, "{}-{}-seed{}.json".format(run[0], run[2], run[1]))
                  for run in pairing_plan(seeds, args.first_seed)}
@@ -272,7 +275,7 @@ def pairing_main(args) -> dict:
         regime_path, start_path = (os.path.join(results_dir, name) for name in ("regime.json", "start.json"))
         if todo and not args.report_only:
             run_ladder(todo, settings, results_dir, regime_path, start_path, stack, ladder_model(args, stack),
-                       write_json_atomic, server_dtype=server_dtype(args.server_dtype))
+                       write_json_atomic, server_dtype=dtype)
         results = {}
         for run, path in paths.items():
             if os.path.exists(path):
@@ -308,7 +311,8 @@ def main(argv=None):
     parser.add_argument("--pairing", action="store_true",
                         help="the pairing experiment (issue 48): or1 against or1_no_rejection on the ladder, 12 steps, "
                         f"{PAIRING_SEEDS} seed pairs with common random numbers and {PAIRING_SEEDS} without, one A/A "
-                        f"pair (results in {PAIRING_RESULTS})")
+                        f"pair (results in {PAIRING_RESULTS}, or {pairing_results('vllm', 'float32')} with "
+                        "--server-dtype float32)")
     parser.add_argument("--server-dtype", choices=("bfloat16", "float32", "auto"), default="bfloat16",
                         help="--ladder, --pairing: the vLLM CPU server's dtype (default bfloat16, as every stored "
                         "result was measured; auto: bf16 only where bf16 is fast, as the tests run it); each result "

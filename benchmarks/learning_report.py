@@ -394,6 +394,20 @@ def sd_ratio_interval(plain: list[float], crn: list[float], confidence: float = 
     return ratio, ratio / math.sqrt(upper_f), ratio / math.sqrt(lower_f)
 
 
+def precision(results: dict, key: str) -> str:
+    """What the runs' results record of their precision: `server_dtype` ("bfloat16"/"float32") or `trainer_bf16`
+    (bf16 autocast or fp32); "not recorded" for runs older than the field, "mixed" where the runs differ."""
+    values = {r.get(key) for r in results.values()}
+    if len(values) != 1:
+        return "mixed" if values else "not recorded"
+    value = values.pop()
+    if value is None:
+        return "not recorded"
+    if key == "trainer_bf16":
+        return "bf16 autocast" if value else "fp32"
+    return {"bfloat16": "bf16", "float32": "fp32"}.get(value, value)
+
+
 def pairing_markdown(results: dict, settings: LadderSettings, quick: bool) -> str:
     """The pairing experiment's block: every seed pair's AUCs and difference per mode, the paired comparison of each
     mode, what pairing buys (SD of the differences, plain ÷ crn, against `PAIRING_GOAL`), the coupling checks."""
@@ -402,11 +416,14 @@ def pairing_markdown(results: dict, settings: LadderSettings, quick: bool) -> st
 
     a_arm, b_arm = PAIRING_ARMS
     device = next(iter(results.values()))["device"] if results else "?"
-    lines = [f"Paired rollouts, `python benchmarks/learning.py --pairing{' --quick' if quick else ''}` (A = `{a_arm}`, "
-             f"B = `{b_arm}`; {settings.steps} steps; held-out AUC = mean held-out avg@{settings.samples} over the run, "
-             f"trapezoid over evaluations every {settings.eval_every} steps, {6 * settings.held_out_per_rung} held-out "
-             f"prompts; \"crn\": both arms' rollouts seeded alike, `rollout_seed` = 1000 + seed; \"plain\": unseeded; "
-             f"trainers on {device}):", "",
+    server, trainer = (precision(results, key) for key in ("server_dtype", "trainer_bf16"))
+    flag = " --server-dtype float32" if server == "fp32" else ""
+    lines = [f"Paired rollouts, `python benchmarks/learning.py --pairing{flag}{' --quick' if quick else ''}` (A = "
+             f"`{a_arm}`, B = `{b_arm}`; {settings.steps} steps; held-out AUC = mean held-out avg@{settings.samples} "
+             f"over the run, trapezoid over evaluations every {settings.eval_every} steps, "
+             f"{6 * settings.held_out_per_rung} held-out prompts; \"crn\": both arms' rollouts seeded alike, "
+             f"`rollout_seed` = 1000 + seed; \"plain\": unseeded; trainers on {device}; vLLM CPU server {server}, "
+             f"trainers {trainer}):", "",
              "| mode | seed | AUC A | AUC B | B − A | completions drawn alike by A and B, per step |",
              "|---|---:|---:|---:|---:|---|"]
     differences: dict[str, list[float]] = {}

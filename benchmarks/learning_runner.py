@@ -159,6 +159,14 @@ PAIRING_RESULTS = "benchmarks/results/learning_pairing"
 LADDER_RESULTS_SUFFIX = {"vllm": "", "hf": "-hf"}  # two generation backends never mix in one results folder
 
 
+def pairing_results(generation: str, server_dtype: str) -> str:
+    """The pairing experiment's results folder: one per generation backend and, on the vLLM server, per server dtype
+    (a bf16 CPU server batches its numerics, an fp32 one does not: the two never mix in one table)."""
+    if generation == "hf":
+        return PAIRING_RESULTS + LADDER_RESULTS_SUFFIX["hf"]
+    return PAIRING_RESULTS + ("-fp32" if server_dtype == "float32" else "")
+
+
 #: The training log's metrics a result keeps, per logged step.
 LOG_KEYS = ("entropy", "entropy/measured", "entropy/target", "entropy_coef", "entropy/alpha",
             "rejection/kept_group_frac", "frac_reward_zero_std", "completions/clipped_ratio", "completions/mean_length",
@@ -218,7 +226,7 @@ def ladder_run(arm: str, seed: int, settings: LadderSettings, url: str | None, f
     watch = getattr(getattr(trainer, "_watch", None), "entropy", None)
     return {
         "arm": arm, "seed": seed, "settings": dataclasses.asdict(settings), "finished": time.strftime("%Y-%m-%d %H:%M"),
-        "device": device_name(),
+        "device": device_name(), "trainer_bf16": bool(config.bf16),  # autocast, or fp32 (a CPU with AVX2 only)
         "reached": hit is not None,
         "steps": (hit or points[-1])["step"], "wall_s": (hit or points[-1])["wall_s"],
         "tokens": (hit or points[-1])["tokens"],

@@ -68,6 +68,12 @@ BENCHMARKS = {
     # in benchmarks/results/learning_pairing)
     "learning_pairing": Benchmark("benchmarks/learning.py", ("--pairing", "--report-only"), ("--pairing", "--quick"),
                                   block="benchmarks/learning.py pairing", report=True),
+    # the same experiment on an fp32 server with fp32 trainers (`learning.py --pairing --server-dtype float32`, results
+    # in benchmarks/results/learning_pairing-fp32): a server whose numerics do not depend on its batching
+    "learning_pairing_fp32": Benchmark("benchmarks/learning.py", ("--pairing", "--server-dtype", "float32",
+                                                                  "--report-only"),
+                                       ("--pairing", "--quick"), block="benchmarks/learning.py pairing fp32",
+                                       report=True),
     # issue 50's regime probe: a finished probe (benchmarks/results/regime_probe) is reported from its file
     "regime_probe": Benchmark("benchmarks/regime_probe.py", (), ("--quick",), report=True),
     # the same probe with each completion cut after its answer line, as the arms train (`stop_pattern`)

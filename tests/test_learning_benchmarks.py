@@ -520,3 +520,25 @@ def test_pairing_block_every_pair_what_pairing_buys_and_the_coupling_checks():
     assert "- crn: mean difference" in block and "n = 3 pairs" in block
     assert "A/A (`or1` seed 0 twice, one `rollout_seed`): completions alike per step 1.00 1.00" in block
     assert ": identical." in block
+
+
+def test_pairing_block_names_the_precision_its_runs_record_and_each_server_dtype_has_its_folder():
+    """An fp32 server's runs and a bf16 server's never share a table: each has its folder, and the block's header
+    says what the runs recorded (its command with `--server-dtype float32` for the fp32 ones)."""
+    rows = [["a"], ["b"]]
+    fp32 = {("or1", 0, "crn"): {**pairing_result("or1", 0, "crn", [0.2] * 5, rows), "server_dtype": "float32",
+                                "trainer_bf16": False}}
+    block = learning_report.pairing_markdown(fp32, learning_arms.PAIRING, quick=False)
+    assert "`python benchmarks/learning.py --pairing --server-dtype float32` (A = `or1`" in block
+    assert "vLLM CPU server fp32, trainers fp32):" in block
+    older = {**fp32, ("or1", 0, "crn_again"): pairing_result("or1", 0, "crn_again", [0.2] * 5, rows)}
+    block = learning_report.pairing_markdown(older, learning_arms.PAIRING, quick=False)
+    assert "`python benchmarks/learning.py --pairing` (A = `or1`" in block
+    assert "vLLM CPU server mixed, trainers mixed):" in block
+    block = learning_report.pairing_markdown({("or1", 0, "crn"): older[("or1", 0, "crn_again")]},
+                                             learning_arms.PAIRING, quick=False)
+    assert "vLLM CPU server not recorded, trainers not recorded):" in block
+    folders = {learning_runner.pairing_results(generation, dtype)
+               for generation, dtype in [("vllm", "bfloat16"), ("vllm", "float32"), ("hf", "float32")]}
+    assert folders == {"benchmarks/results/learning_pairing", "benchmarks/results/learning_pairing-fp32",
+                       "benchmarks/results/learning_pairing-hf"}
