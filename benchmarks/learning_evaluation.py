@@ -232,11 +232,24 @@ class LadderEvaluation(TrainerCallback):
         self.start_point, self.start, self.excluded, self.points, self.loads = start, None, 0.0, [], []
         self.push = None  # the backend's own sync_weights (the trainer's calls go through a counting wrapper)
         self.collapse_warning_step = None
+        self.resumed_wall = 0.0  # the training wall clock a resumed run had run before (`restore`)
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of this evaluation, for `restore` in a resumed process: the points so far, the
+        load samples, the collapse warning's step and the training wall clock."""
+        return {"points": self.points, "loads": self.loads, "collapse_warning_step": self.collapse_warning_step,
+                "wall_s": time.perf_counter() - self.start - self.excluded}
+
+    def restore(self, saved: dict) -> None:
+        """Continue the evaluation a checkpoint kept (`state`): its curve, loads and clock go on from there."""
+        self.points, self.loads = list(saved["points"]), list(saved["loads"])
+        self.collapse_warning_step, self.resumed_wall = saved["collapse_warning_step"], saved["wall_s"]
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if self.start is None:
-            self.start = time.perf_counter()
-            self.points.append({**self.start_point, "wall_s": 0.0, "tokens": 0, "load": os.getloadavg()[0]})
+        if self.start is None:  # the run's first pass (a stage's next pass goes on with the same clock)
+            self.start = time.perf_counter() - self.resumed_wall
+            if not self.points:
+                self.points.append({**self.start_point, "wall_s": 0.0, "tokens": 0, "load": os.getloadavg()[0]})
 
     def on_step_end(self, args, state, control, **kwargs):
         self.loads.append(os.getloadavg()[0])

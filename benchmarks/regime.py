@@ -61,8 +61,10 @@ The CPU therefore decides none of the learning claims (each needs ≥ 4 seed pai
 (claim 4's selected share from one `top20_all` run, claim 3's pilot). The claims are for a GPU:
 `scripts/gpu_regime.sh` runs a claim's arms × seeds as parallel processes (≤ 8 at once) with HF `generate` (paired by
 the HF path's counter-based sampler), fp32, results in `benchmarks/results/regime-hf/` (the two backends never mix).
-Each run writes its result when it ends; a relaunch skips the finished ones. `--quick` runs the tiny model, 2 steps
-an arm, HF `generate`, into a temporary folder: its numbers mean nothing.
+Each run writes its result when it ends; a relaunch skips the finished ones and resumes an interrupted one from its
+last checkpoint (every `eval_every` steps, in `--checkpoints`, default `RESULTS/checkpoints`, ~1.6 GB a run,
+removed once its result is written): its curve, clock and rollouts go on as if it had not stopped. `--quick` runs
+the tiny model, 2 steps an arm, HF `generate`, into a temporary folder: its numbers mean nothing.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ import math
 import os
 import pathlib
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -84,6 +87,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import AutoTokenizer, PrinterCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from or1_trl import OR1Config, OR1Trainer
 import regime_probe
@@ -92,6 +96,7 @@ from or1_trl.data.word_problems import (ANSWER_LINE, TEMPLATES, answer_offset, f
 from or1_trl.eval.paired import compare_paired, held_out_auc
 from or1_trl.files import write_json_atomic
 from or1_trl.generation.stop import StopAt
+from or1_trl.trainer import checkpoint
 from or1_trl.trainer.or1_config import TRL_BEHAVIOUR
 from learning_arms import best_by_variance
 from learning_evaluation import LadderEvaluation, evaluate_ladder, hf_backends, server_backends
@@ -237,10 +242,12 @@ def stages(settings: RegimeSettings, nsgd: int) -> list[dict] | None:
 
 
 def regime_config(arm: str, seed: int, output_dir: str, settings: RegimeSettings, url: str | None,
-                  entropy_target: float | None = None) -> OR1Config:
+                  entropy_target: float | None = None, resuming: bool = False) -> OR1Config:
     """The arm's `OR1Config`: MAGIC's defaults with the common settings (module docstring), the arm's changes, paired
     rollouts (`ROLLOUT_SEED` + seed), the stop at the answer line; generating on the server at `url` (None: HF
-    `generate` in the trainer, on the GPU where there is one). `entropy_target`: claim 3's, from the pilot."""
+    `generate` in the trainer, on the GPU where there is one). `entropy_target`: claim 3's, from the pilot. A
+    checkpoint every `eval_every` steps (the last one kept), from which an interrupted run resumes (`resuming`: the
+    output folder's checkpoints are kept, not started over)."""
     from or1_trl.testing import CPU_RUN
 
     spec = ARMS[arm]
@@ -249,7 +256,8 @@ def regime_config(arm: str, seed: int, output_dir: str, settings: RegimeSettings
         rollout_seed=ROLLOUT_SEED + seed, learning_rate=settings.learning_rate,
         per_device_train_batch_size=settings.prompts_per_step * settings.group, num_generations=settings.group,
         max_completion_length=settings.context, max_steps=settings.steps, stages=stages(settings, spec.nsgd),
-        stop_pattern=ANSWER_LINE, prompt_id_column="prompt_id", log_level="warning", overwrite_output_dir=True,
+        stop_pattern=ANSWER_LINE, prompt_id_column="prompt_id", log_level="warning", overwrite_output_dir=not resuming,
+        save_strategy="steps", save_steps=settings.eval_every, save_total_limit=1,
     )
     if url is not None:
         values.update(use_vllm=True, vllm_mode="server", vllm_server_base_url=url, vllm_weight_sync="disk")
@@ -301,14 +309,39 @@ def random_mask(valid: torch.Tensor, count: int, generator: torch.Generator) -> 
     return chosen
 
 
+RUN_STATE_FILE = "regime_run.json"  # in each checkpoint: the benchmark's own state, for a resumed run
+
+
 class RegimeTrainer(counting(OR1Trainer)):
     """`OR1Trainer` with what claim 4 measures: per step, the share of the 80/20 mask's tokens that come before the
     answer tag (`regime/selected_before_answer`, over the tagged completions), and for `random20` the mask replaced
-    by as many tokens drawn uniformly among the kept ones (`random_mask`, a generator keyed by seed, step and draw)."""
+    by as many tokens drawn uniformly among the kept ones (`random_mask`, a generator keyed by seed, step and draw).
+    Each checkpoint also holds the run's own state (`RUN_STATE_FILE`: `run_state()`, the generated tokens and the
+    rollouts' digests so far), so a run stopped midway resumes where it stopped (`regime_run`)."""
 
     regime_mask = "top"
+    run_state = None  # () -> dict: what the run adds to each checkpoint (`regime_run`: the evaluation, the clock)
     _answer_tokens: list | None = None
     _mask_draws = 0
+
+    def _checkpoint_files(self) -> list[str]:
+        return [*super()._checkpoint_files(), RUN_STATE_FILE]
+
+    def _save_checkpoint(self, model, trial):
+        """The run's own state first, then `OR1Trainer`'s checkpoint, whose completeness marker covers it."""
+        if self.args.should_save:
+            step = self.state.global_step
+            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{step}")
+            os.makedirs(folder, exist_ok=True)
+            write_json_atomic(os.path.join(folder, RUN_STATE_FILE), {
+                **(self.run_state() if self.run_state is not None else {}), "tokens": self.bench_tokens,
+                "digests": {str(step): rows for step, rows in getattr(self, "bench_digests", {}).items()}})
+        super()._save_checkpoint(model, trial)
+
+    def restore_run_state(self, saved: dict) -> None:
+        """The generated tokens and the rollouts' digests a checkpoint kept (`_save_checkpoint`)."""
+        self.bench_tokens = saved["tokens"]
+        self.bench_digests = {int(step): rows for step, rows in saved["digests"].items()}
 
     def _compute_loss(self, model, inputs):
         if self.top_entropy_quantile < 1.0:  # where each row's answer starts: [b] (None without a tag)
@@ -337,13 +370,23 @@ class RegimeTrainer(counting(OR1Trainer)):
 REGIME_LOG_KEYS = (*LOG_KEYS, "regime/selected_before_answer", "completions/stopped_ratio")
 
 
-def regime_run(arm: str, seed: int, settings: RegimeSettings, url: str | None, folder: str, workdir: str,
+def run_dir(checkpoints_dir: str, arm: str, seed: int) -> str:
+    """The run's output folder (its checkpoints while it runs; removed once its result is written)."""
+    return os.path.join(checkpoints_dir, f"{arm}-seed{seed}")
+
+
+def regime_run(arm: str, seed: int, settings: RegimeSettings, url: str | None, folder: str, checkpoints_dir: str,
                results_dir: str, start: dict, entropy_target: float | None = None) -> dict:
-    """One (arm, seed) run; returns its result (the caller writes it)."""
+    """One (arm, seed) run; returns its result (the caller writes it). A run stopped midway (killed, a crash, the
+    machine taken back) resumes from its last complete checkpoint in `run_dir`: the trainer's state (weights,
+    optimizer, controller, prompt statistics, data order, RNG), the evaluation's curve and clock, and, the rollouts
+    being keyed by step (`rollout_seed`), the same samples from there on."""
     train, held_out = regime_data(settings)
     train, selection = training_set(arm, seed, train, results_dir, settings.one_shot_rows)
-    output_dir = os.path.join(workdir, f"{arm}-{seed}")
-    config = regime_config(arm, seed, output_dir, settings, url, entropy_target=entropy_target)
+    output_dir = run_dir(checkpoints_dir, arm, seed)
+    resume, _ = checkpoint.last_complete_checkpoint(output_dir, [RUN_STATE_FILE])
+    config = regime_config(arm, seed, output_dir, settings, url, entropy_target=entropy_target,
+                           resuming=resume is not None)
     problems = held_out_problems(held_out)
     trainer_ref: list = []
     evaluator = LadderEvaluation(trainer_ref, url, problems, settings, start, judge=judge, context=settings.context)
@@ -356,7 +399,14 @@ def regime_run(arm: str, seed: int, settings: RegimeSettings, url: str | None, f
     trainer.remove_callback(PrinterCallback)
     if url is not None:
         evaluator.push = trainer.vllm_generation.sync_weights
-    trainer.train()
+    if resume is not None:
+        saved = json.loads(pathlib.Path(resume, RUN_STATE_FILE).read_text())
+        evaluator.restore(saved["evaluation"])
+        trainer.restore_run_state(saved)
+        began -= saved["total_s"]
+        print(f"regime {arm} seed {seed}: resuming from {resume}", file=sys.stderr, flush=True)
+    trainer.run_state = lambda: {"evaluation": evaluator.state(), "total_s": time.perf_counter() - began}
+    trainer.train(resume_from_checkpoint=resume)
     log = [{key: e[key] for key in ("step", *REGIME_LOG_KEYS) if key in e} for e in trainer.state.log_history
            if "loss" in e]
     if arm == "magic":  # the 1-shot arms of this seed rank its prompts
@@ -422,9 +472,10 @@ def load_results(results_dir: str, settings: RegimeSettings) -> dict[str, dict[i
     return results
 
 
-def run_all(todo, settings: RegimeSettings, results_dir: str, folder: str, stack: contextlib.ExitStack) -> None:
-    """The runs of `todo` on one server (or HF `generate`), each written when it ends; the starting point first,
-    once per results folder."""
+def run_all(todo, settings: RegimeSettings, results_dir: str, folder: str, stack: contextlib.ExitStack,
+            checkpoints_dir: str) -> None:
+    """The runs of `todo` on one server (or HF `generate`), each written when it ends (its checkpoints then removed);
+    the starting point first, once per results folder."""
     workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="or1-regime-work-"))
     if settings.generation == "vllm":
         from or1_trl.demos.real_model import SERVER_ARGS
@@ -457,8 +508,10 @@ def run_all(todo, settings: RegimeSettings, results_dir: str, folder: str, stack
                 sys.exit(f"{arm}: no {pilot}; the pilot sets claim 3's entropy target and must end first")
             target = entropy_target_from_pilot(cached_json(pilot, None), settings)["target"]
         print(f"regime {arm} seed {seed} ...", file=sys.stderr, flush=True)
-        result = regime_run(arm, seed, settings, url, folder, workdir, results_dir, start, entropy_target=target)
+        result = regime_run(arm, seed, settings, url, folder, checkpoints_dir, results_dir, start,
+                            entropy_target=target)
         write_json_atomic(result_path(results_dir, arm, seed), result)
+        shutil.rmtree(run_dir(checkpoints_dir, arm, seed), ignore_errors=True)
         print(f"regime {arm} seed {seed}: AUC {result['auc']:.3f}, held-out {result['start_accuracy']:.3f} -> "
               f"{result['final_accuracy']:.3f}, {result['total_s']:.0f} s", file=sys.stderr, flush=True)
 
@@ -585,6 +638,8 @@ def main(argv=None) -> dict:
                         "trainer, on the GPU where there is one")
     parser.add_argument("--results", metavar="DIR", help=f"default {RESULTS}[-hf]; --quick: a temporary folder")
     parser.add_argument("--model-dir", help="default: `or1-trl model smollm2`'s folder")
+    parser.add_argument("--checkpoints", metavar="DIR", help="where a run keeps its checkpoints while it runs (an "
+                        "interrupted run resumes from them; default RESULTS/checkpoints: 1.6 GB a run for SmolLM2)")
     parser.add_argument("--quick", action="store_true", help="the tiny model, 2 steps an arm: tests this script")
     parser.add_argument("--markdown", metavar="FILE", help="also write the report to FILE")
     parser.add_argument("--report-only", action="store_true", help="run nothing, report what finished")
@@ -607,7 +662,8 @@ def main(argv=None) -> dict:
         finished = load_results(results_dir, settings)
         todo = [(arm, seed) for arm, seed in runs if seed not in finished.get(arm, {})]
         if (todo or not os.path.exists(os.path.join(results_dir, "start.json"))) and not args.report_only:
-            run_all(todo, settings, results_dir, folder, stack)  # the starting point, once per results folder
+            run_all(todo, settings, results_dir, folder, stack,  # the starting point, once per results folder
+                    checkpoints_dir=args.checkpoints or os.path.join(results_dir, "checkpoints"))
         results = load_results(results_dir, settings)
         block = markdown(results, settings, args.quick)
     print("\n" + block)

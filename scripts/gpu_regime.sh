@@ -9,6 +9,8 @@
 # then the runs that read one: claim 3's arms (the pilot sets their entropy target), `one_shot` (it ranks the `magic`
 # run's prompts of its seed). The runs share the GPU, so their seconds per step are measured under the same
 # contention: compare them with each other only. One claim of 4 seeds is 8-20 runs: about one lent session each.
+# A run stopped midway resumes from its last checkpoint in $RESULTS/checkpoints (1.6 GB a run, removed when it ends):
+# bring back the *.json and logs/, not that folder.
 # Then the report: python benchmarks/regime.py --generation hf --report-only [--markdown FILE]
 set -u
 CLAIMS=${*:-1 2 3 4 5}

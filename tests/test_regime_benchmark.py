@@ -164,6 +164,59 @@ def test_regime_quick_ranks_the_magic_runs_prompts_and_resumes(tmp_path):
     assert not math.isnan(results["magic"][0]["start_accuracy"])
 
 
+class Killed(Exception):
+    """The process dying (a kill, a crash, the machine taken back), raised where the test says."""
+
+
+def without_clocks(result: dict) -> dict:
+    """A result without what the clock and the machine's load decide (seconds, load samples, dates)."""
+    timed = {"finished", "total_s", "seconds_per_step"}
+    return {**{key: value for key, value in result.items() if key not in timed},
+            "curve": [{k: v for k, v in point.items() if k not in ("wall_s", "load")} for point in result["curve"]],
+            "log": [{k: v for k, v in entry.items() if not k.startswith("time/")} for entry in result["log"]]}
+
+
+def test_a_run_stopped_midway_resumes_from_its_checkpoint_and_ends_as_if_never_stopped(tmp_path, monkeypatch):
+    """`--quick` `magic` killed in step 2's rollout, after checkpoint-1: the relaunch resumes there and writes the
+    result an uninterrupted run writes (the same held-out curve, training log, rollouts' digests, token counts and
+    prompt statistics), generating step 2's rollout only; the run's checkpoints go once its result is written."""
+    launch = ["--quick", "--claims", "1", "--arms", "magic", "--results"]
+    uninterrupted = regime.main([*launch, str(tmp_path / "whole")])["magic"][0]
+
+    generate = regime.RegimeTrainer._generate
+
+    def dies_in_step_2(self, prompts):
+        if self.model.training and self.state.global_step == 1:
+            raise Killed
+        return generate(self, prompts)
+
+    stopped = tmp_path / "stopped"
+    monkeypatch.setattr(regime.RegimeTrainer, "_generate", dies_in_step_2)
+    with pytest.raises(Killed):
+        regime.main([*launch, str(stopped)])
+    monkeypatch.undo()
+    run = stopped / "checkpoints" / "magic-seed0"
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1"]
+    assert not (stopped / "magic-seed0.json").exists()
+    saved = json.loads((run / "checkpoint-1" / regime.RUN_STATE_FILE).read_text())
+    assert [p["step"] for p in saved["evaluation"]["points"]] == [0, 1] and list(saved["digests"]) == ["0"]
+
+    rollouts = []  # the steps the relaunch generates training rollouts for (global_step before the step)
+
+    def counted(self, prompts):
+        rollouts.append(self.state.global_step) if self.model.training else None
+        return generate(self, prompts)
+
+    monkeypatch.setattr(regime.RegimeTrainer, "_generate", counted)
+    resumed = regime.main([*launch, str(stopped)])["magic"][0]
+    assert rollouts and set(rollouts) == {1}  # step 2 only: resumed, not started over
+    assert without_clocks(resumed) == without_clocks(uninterrupted)
+    assert [p["step"] for p in resumed["curve"]] == [0, 1, 2] and set(resumed["rollout_digests"]) == {"0", "1"}
+    assert ((stopped / "magic-seed0.prompt_stats.jsonl").read_text()
+            == (tmp_path / "whole" / "magic-seed0.prompt_stats.jsonl").read_text())
+    assert not run.exists()
+
+
 def test_the_trainer_swaps_in_the_random_mask_and_logs_the_selected_share(tmp_path, monkeypatch):
     """One step of `RegimeTrainer` on the tiny model with the 80/20 rule (every answer tag placed at token 2: the tiny
     model writes none): the random control selects as many tokens as TRL's mask, among the valid ones only, and is
