@@ -53,6 +53,12 @@ happens as soon as the prompts of one step exceed vLLM's token budget (2,048 on 
 the server starts with `--no-enable-chunked-prefill` (vLLM then raises its budget to the context length), unless the
 pass-through flags say otherwise (`cpu_defaults`).
 
+**Compiled once per machine on CPU.** vLLM 0.32's CPU build saves its ahead-of-time compiled model but cannot load
+it back (`'function' object has no attribute 'finalize_loading'`), so every start compiled the model again. On a
+machine without CUDA the server starts with `VLLM_USE_AOT_COMPILE=0` unless the environment sets it
+(`cpu_environment`): torch.compile's own caches (under `~/.cache/vllm`) then serve every start after the first. A
+SmolLM2-135M fp32 server started in 110 s instead of 202 s (2 CPUs, AMD EPYC, with a training run sharing them).
+
 **It does not outlive `or1-trl serve`.** vLLM runs as its child with `PR_SET_PDEATHSIG` (`die_with_parent`): a
 `kill -9` of `or1-trl serve` sends vLLM a SIGTERM, and vLLM stops its engine and frees the port.
 """
@@ -228,6 +234,16 @@ def cpu_defaults(extra_args: list[str], cuda: bool | None = None) -> list[str]:
     return ["--no-enable-chunked-prefill"]
 
 
+def cpu_environment(env: dict[str, str], cuda: bool | None = None) -> dict[str, str]:
+    """What a CPU server's environment `env` gets (module docstring): `VLLM_USE_AOT_COMPILE=0` where there is no CUDA
+    (`cuda`: default `torch.cuda.is_available()`) and `env` does not set it already (the user's word)."""
+    import torch
+
+    if (torch.cuda.is_available() if cuda is None else cuda) or "VLLM_USE_AOT_COMPILE" in env:
+        return {}
+    return {"VLLM_USE_AOT_COMPILE": "0"}
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now (for a server this process starts)."""
     import socket
@@ -291,6 +307,7 @@ def build_command(
     # no cap on how many a request may ask for: TRL's settings.
     argv += ["--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1"]
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")
+    env.update(cpu_environment(env))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (WORKER_EXTENSION_DIR, env.get("PYTHONPATH")) if p)
     for name in (*API_KEY_ENVS, KEY_FILE_ENV):  # vLLM would check $VLLM_API_KEY on /v1 on its own: one key, ours
         env.pop(name, None)

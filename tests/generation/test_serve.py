@@ -58,6 +58,24 @@ def test_a_cpu_server_starts_without_chunked_prefill_unless_the_flags_say_otherw
         assert argv[-3:] == ["--no-enable-chunked-prefill", "--dtype", "float32"]
 
 
+def test_a_cpu_server_compiles_without_vllms_aot_cache_unless_the_environment_says_otherwise(monkeypatch, vllm_server):
+    """vLLM 0.32's CPU build cannot load the AOT-compiled model it saved: a CPU server gets `VLLM_USE_AOT_COMPILE=0`
+    (torch.compile's caches serve the next start), unless the environment sets it; and the shared server started
+    without the failed load (its log; the artifact is on disk from earlier starts on a machine that ran the tests)."""
+    from or1_trl.generation.serve import cpu_environment
+
+    assert cpu_environment({}, cuda=False) == {"VLLM_USE_AOT_COMPILE": "0"}
+    assert cpu_environment({}, cuda=True) == {}
+    assert cpu_environment({"VLLM_USE_AOT_COMPILE": "1"}, cuda=False) == {}  # the user's word
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    _, env = build_command("m", "disk")
+    assert env.get("VLLM_USE_AOT_COMPILE") == (None if torch.cuda.is_available() else "0")
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    assert build_command("m", "disk")[1]["VLLM_USE_AOT_COMPILE"] == "1"
+    log = vllm_server.log_path.read_text()
+    assert "Warming up done" in log and "Compiling model again due to a load failure" not in log
+
+
 def test_serve_refuses_a_missing_model_before_starting_vllm(tmp_path):
     result = subprocess.run([sys.executable, "-m", "or1_trl.cli", "serve", str(tmp_path / "nope"), "--python", "/bin/false"],
                             capture_output=True, text=True, timeout=120)
