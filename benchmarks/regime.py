@@ -330,8 +330,8 @@ class RegimeTrainer(counting(OR1Trainer)):
     def _save_checkpoint(self, model, trial):
         """The run's own state first, then `OR1Trainer`'s checkpoint, whose completeness marker covers it."""
         if self.args.should_save:
-            step = self.state.global_step
-            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{step}")
+            name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            folder = os.path.join(self._get_output_dir(trial=trial), name)
             os.makedirs(folder, exist_ok=True)
             write_json_atomic(os.path.join(folder, RUN_STATE_FILE), {
                 **(self.run_state() if self.run_state is not None else {}), "tokens": self.bench_tokens,
