@@ -64,11 +64,14 @@ class PairedComparison:
         return self.interval[0] > -margin
 
     def summary(self, digits: int = 3) -> str:
-        """One line: the mean difference, its interval, the test, and every pair's difference."""
+        """One line: the mean difference, its interval (none from fewer than 2 pairs), the test, and every pair's
+        difference."""
         each = ", ".join(f"{d:+.{digits}f}" for d in self.differences)
         low, high = self.interval
-        return (f"mean difference {self.mean:+.{digits}f} (paired t {self.confidence:.0%} interval {low:+.{digits}f} "
-                f"to {high:+.{digits}f}; exact sign-flip p = {self.sign_flip_p:.3g}; n = {self.n} pairs: {each})")
+        interval = (f"paired t {self.confidence:.0%} interval {low:+.{digits}f} to {high:+.{digits}f}" if self.n >= 2
+                    else "no interval from one pair")
+        return (f"mean difference {self.mean:+.{digits}f} ({interval}; exact sign-flip p = {self.sign_flip_p:.3g}; "
+                f"n = {self.n} pairs: {each})")
 
 
 def compare_paired(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> PairedComparison:

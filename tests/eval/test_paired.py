@@ -51,6 +51,8 @@ def test_degenerate_pairs():
     assert same.mean == 0.0 and same.sign_flip_p == 1.0
     one = compare_paired([0.3], [0.5])
     assert math.isnan(one.sd) and all(math.isnan(v) for v in one.interval)
+    assert one.summary() == ("mean difference +0.200 (no interval from one pair; exact sign-flip p = 1; n = 1 pairs: "
+                             "+0.200)")
     with pytest.raises(ValueError, match="2 of arm A against 1 of arm B"):
         compare_paired([0.1, 0.2], [0.1])
 
