@@ -96,6 +96,7 @@ from or1_trl.data.word_problems import (ANSWER_LINE, TEMPLATES, answer_offset, f
 from or1_trl.eval.paired import compare_paired, held_out_auc
 from or1_trl.files import write_json_atomic
 from or1_trl.generation.stop import StopAt
+from or1_trl.paths import output_dir_problem
 from or1_trl.trainer import checkpoint
 from or1_trl.trainer.or1_config import TRL_BEHAVIOUR
 from learning_arms import best_by_variance
@@ -661,9 +662,12 @@ def main(argv=None) -> dict:
                     args.arms)
         finished = load_results(results_dir, settings)
         todo = [(arm, seed) for arm, seed in runs if seed not in finished.get(arm, {})]
+        checkpoints_dir = args.checkpoints or os.path.join(results_dir, "checkpoints")
+        if problem := output_dir_problem(checkpoints_dir):  # one line before any run, not a traceback at its first save
+            sys.exit(f"--checkpoints: {problem}")
         if (todo or not os.path.exists(os.path.join(results_dir, "start.json"))) and not args.report_only:
             run_all(todo, settings, results_dir, folder, stack,  # the starting point, once per results folder
-                    checkpoints_dir=args.checkpoints or os.path.join(results_dir, "checkpoints"))
+                    checkpoints_dir=checkpoints_dir)
         results = load_results(results_dir, settings)
         block = markdown(results, settings, args.quick)
     print("\n" + block)

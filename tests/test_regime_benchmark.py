@@ -217,6 +217,14 @@ def test_a_run_stopped_midway_resumes_from_its_checkpoint_and_ends_as_if_never_s
     assert not run.exists()
 
 
+def test_a_checkpoints_folder_that_cannot_be_written_is_one_line_before_any_run(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as stopped:
+        regime.main(["--quick", "--results", str(tmp_path / "results"), "--checkpoints", str(tmp_path / "file")])
+    assert str(stopped.value) == f"--checkpoints: output_dir {str(tmp_path / 'file')!r} is a file; pass a directory"
+    assert not list((tmp_path / "results").glob("*.json"))  # nothing ran
+
+
 def test_the_trainer_swaps_in_the_random_mask_and_logs_the_selected_share(tmp_path, monkeypatch):
     """One step of `RegimeTrainer` on the tiny model with the 80/20 rule (every answer tag placed at token 2: the tiny
     model writes none): the random control selects as many tokens as TRL's mask, among the valid ones only, and is
