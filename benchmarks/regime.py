@@ -663,7 +663,7 @@ def main(argv=None) -> dict:
         finished = load_results(results_dir, settings)
         todo = [(arm, seed) for arm, seed in runs if seed not in finished.get(arm, {})]
         checkpoints_dir = args.checkpoints or os.path.join(results_dir, "checkpoints")
-        if problem := output_dir_problem(checkpoints_dir):  # one line before any run, not a traceback at its first save
+        if problem := output_dir_problem(checkpoints_dir):  # one line before any run, not a traceback at a save
             sys.exit(f"--checkpoints: {problem}")
         if (todo or not os.path.exists(os.path.join(results_dir, "start.json"))) and not args.report_only:
             run_all(todo, settings, results_dir, folder, stack,  # the starting point, once per results folder
