@@ -53,6 +53,13 @@ happens as soon as the prompts of one step exceed vLLM's token budget (2,048 on 
 the server starts with `--no-enable-chunked-prefill` (vLLM then raises its budget to the context length), unless the
 pass-through flags say otherwise (`cpu_defaults`).
 
+**A KV cache that leaves room for the trainer on CPU.** vLLM's CPU build reserves `--gpu-memory-utilization`
+(default 0.92) of the machine's whole memory for the server and refuses to start when less than that is free: beside
+a trainer on the same machine it cannot start, and alone it would leave the trainer nothing. So on a machine without
+CUDA the server gets `--kv-cache-memory-bytes` `CPU_KV_CACHE_BYTES` (2 GiB) unless the pass-through flags size the
+cache themselves (`--kv-cache-memory-bytes`, `--gpu-memory-utilization`); vLLM's `$VLLM_CPU_KVCACHE_SPACE` (GiB)
+wins over both in vLLM itself (`cpu_defaults`).
+
 **Compiled once per machine on CPU.** vLLM 0.32's CPU build saves its ahead-of-time compiled model but cannot load
 it back (`'function' object has no attribute 'finalize_loading'`), so every start compiled the model again. On a
 machine without CUDA the server starts with `VLLM_USE_AOT_COMPILE=0` unless the environment sets it
@@ -101,6 +108,11 @@ SERVER_MODULE = "or1_vllm_serve"
 PROTECTED_FLAGS = ("--host", "--port", "--uds", "--api-key", "--middleware", "--worker-extension-cls")
 #: Environment variables holding the server's API key, in order of precedence (vLLM's own one last).
 API_KEY_ENVS = (API_KEY_ENV, "VLLM_API_KEY")
+#: The KV cache of a CPU server unless its flags say otherwise (`cpu_defaults`), 2 GiB: vLLM's own CPU default
+#: reserves `--gpu-memory-utilization` (0.92) of the machine's memory and refuses to start when less is free, which
+#: leaves nothing for a trainer beside it. 2 GiB hold about 46,000 tokens of SmolLM2-135M in fp32, or one 32k-token
+#: sequence of Qwen2.5-1.5B in bf16.
+CPU_KV_CACHE_BYTES = 2 * 2**30
 
 
 class ServerKeyError(PermissionError):
@@ -222,16 +234,22 @@ def default_weight_sync(use_cpu: bool = False) -> str:
 
 
 def cpu_defaults(extra_args: list[str], cuda: bool | None = None) -> list[str]:
-    """The flags a CPU server gets before the pass-through ones: `--no-enable-chunked-prefill` (seeded requests,
-    module docstring) where there is no CUDA (`cuda`: default `torch.cuda.is_available()`) and no pass-through flag
-    names chunked prefill."""
+    """The flags a CPU server gets before the pass-through ones, where there is no CUDA (`cuda`: default
+    `torch.cuda.is_available()`), each unless a pass-through flag names what it sets (the user's word; module
+    docstring): `--no-enable-chunked-prefill` (seeded requests) and `--kv-cache-memory-bytes CPU_KV_CACHE_BYTES`
+    (unless a flag names the KV cache's memory or `--gpu-memory-utilization`; vLLM's `$VLLM_CPU_KVCACHE_SPACE`
+    overrides it in vLLM itself)."""
     import torch
 
     if torch.cuda.is_available() if cuda is None else cuda:
         return []
-    if any("chunked-prefill" in arg.replace("_", "-") for arg in extra_args):
-        return []
-    return ["--no-enable-chunked-prefill"]
+    names = [arg.split("=", 1)[0].replace("_", "-") for arg in extra_args if arg.startswith("--")]
+    flags = []
+    if not any("chunked-prefill" in name for name in names):
+        flags += ["--no-enable-chunked-prefill"]
+    if not any("kv-cache-memory" in name or "gpu-memory-utilization" in name for name in names):
+        flags += ["--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]
+    return flags
 
 
 def cpu_environment(env: dict[str, str], cuda: bool | None = None) -> dict[str, str]:

@@ -46,16 +46,22 @@ def test_serve_passes_trls_flags_for_nccl_and_the_extension_for_disk():
         build_command("m", "shm")
 
 
-def test_a_cpu_server_starts_without_chunked_prefill_unless_the_flags_say_otherwise():
-    from or1_trl.generation.serve import cpu_defaults
+def test_a_cpu_server_gets_no_chunked_prefill_and_a_2_gib_kv_cache_unless_its_flags_say_otherwise():
+    from or1_trl.generation.serve import CPU_KV_CACHE_BYTES, cpu_defaults
 
-    assert cpu_defaults([], cuda=False) == ["--no-enable-chunked-prefill"]
+    kv_cache = ["--kv-cache-memory-bytes", str(2 * 2**30)]
+    assert CPU_KV_CACHE_BYTES == 2 * 2**30
+    assert cpu_defaults([], cuda=False) == ["--no-enable-chunked-prefill", *kv_cache]
     assert cpu_defaults([], cuda=True) == []
     for flags in (["--enable-chunked-prefill"], ["--enable_chunked_prefill=True"], ["--no-enable-chunked-prefill"]):
-        assert cpu_defaults(flags, cuda=False) == []  # the user's word
+        assert cpu_defaults(flags, cuda=False) == kv_cache  # the user's word on chunking, our cache
+    for flags in (["--kv-cache-memory-bytes", "1"], ["--kv_cache_memory_bytes=1"],
+                  ["--gpu-memory-utilization", "0.3"]):
+        assert cpu_defaults(flags, cuda=False) == ["--no-enable-chunked-prefill"]  # the user's word on the cache
+    assert cpu_defaults(["--dtype", "float32", "--max-model-len", "512"], cuda=False) == cpu_defaults([], cuda=False)
     argv, _ = build_command("m", "disk", extra_args=["--dtype", "float32"])
     if not torch.cuda.is_available():  # before the pass-through flags, which come last
-        assert argv[-3:] == ["--no-enable-chunked-prefill", "--dtype", "float32"]
+        assert argv[-5:] == ["--no-enable-chunked-prefill", *kv_cache, "--dtype", "float32"]
 
 
 def test_a_cpu_server_compiles_without_vllms_aot_cache_unless_the_environment_says_otherwise(monkeypatch, vllm_server):
