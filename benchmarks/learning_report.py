@@ -139,13 +139,17 @@ def difference_summary(x: list[float], y: list[float]):
 
 def _ratio_text(x, y) -> str:
     ratio, each, (low, high) = ratio_summary(x, y)
-    return f"{ratio:.2f}× (per seed {', '.join(f'{r:.2f}' for r in each)}; paired t 95% {low:.2f}–{high:.2f})"
+    interval = (f"paired t 95% {low:.2f}–{high:.2f}" if not math.isnan(low)
+                else "no interval: one pair" if len(each) < 2 else "no interval: a value ≤ 0")
+    return f"{ratio:.2f}× (per seed {', '.join(f'{r:.2f}' for r in each)}; {interval})"
 
 
 def _difference_text(x, y) -> str:
     c = difference_summary(x, y)
-    return (f"{c.mean:+.3f} (per seed {', '.join(f'{d:+.3f}' for d in c.differences)}; paired t 95% "
-            f"{c.interval[0]:+.3f} to {c.interval[1]:+.3f}; sign-flip p = {c.sign_flip_p:.2f})")
+    interval = (f"paired t 95% {c.interval[0]:+.3f} to {c.interval[1]:+.3f}" if c.n >= 2
+                else "no interval: one pair")
+    return (f"{c.mean:+.3f} (per seed {', '.join(f'{d:+.3f}' for d in c.differences)}; {interval}; "
+            f"sign-flip p = {c.sign_flip_p:.2f})")
 
 
 def controller_acted_before_target(result: dict) -> bool:

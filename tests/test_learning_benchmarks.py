@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import scipy.stats
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,6 +109,13 @@ def test_ratio_summary_gives_every_seed_and_a_t_interval_not_a_bootstrap():
     ratio, each, interval = learning_report.ratio_summary([0.2, -0.1], [0.4, 0.5])  # a negative gain: no log
     assert (ratio, each) == (pytest.approx(0.1 / 0.9), [0.5, -0.2]) and all(math.isnan(v) for v in interval)
     assert all(math.isnan(v) for v in learning_report.ratio_summary([1.0], [2.0])[2])  # one pair: no interval
+    # The table's text says why there is no interval, never "nan"
+    assert learning_report._ratio_text([1.0], [2.0]) == "0.50× (per seed 0.50; no interval: one pair)"
+    assert learning_report._ratio_text([0.2, -0.1], [0.4, 0.5]).endswith("; no interval: a value ≤ 0)")
+    one_pair = "+0.250 (per seed +0.250; no interval: one pair; sign-flip p = 1.00)"
+    assert learning_report._difference_text([0.5], [0.25]) == one_pair
+    low, high = scipy.stats.t.interval(0.95, 1, loc=0.475, scale=scipy.stats.sem([0.25, 0.7]))  # a plain reference
+    assert f"paired t 95% {low:+.3f} to {high:+.3f};" in learning_report._difference_text([0.5, 1.0], [0.25, 0.3])
 
 
 def test_arm_configs(tmp_path):
