@@ -451,6 +451,11 @@ def pairing_markdown(results: dict, settings: LadderSettings, quick: bool) -> st
         lines.append(f"- What pairing buys: SD of B − A {statistics.stdev(plain):.4f} without common random numbers, "
                      f"{statistics.stdev(crn):.4f} with them: {ratio:.2f}× smaller (goal ≥ {PAIRING_GOAL:g}×: "
                      f"{verdict}; F-interval 95% {low:.2f}× to {high:.2f}×, {len(plain)} and {len(crn)} pairs).")
+    elif len(crn) >= 2 and len(plain) >= 2:  # every crn pair differs by the same amount: no ratio to compute
+        verdict = "met" if statistics.stdev(plain) > 0 else "not tested: no spread in either mode"
+        lines.append(f"- What pairing buys: SD of B − A {statistics.stdev(plain):.4f} without common random numbers, "
+                     f"0 with them (every crn pair's B − A the same; goal ≥ {PAIRING_GOAL:g}×: {verdict}; no "
+                     f"F-interval from a spread of 0; {len(plain)} and {len(crn)} pairs).")
     if not any(differences.values()):
         lines.append("| — | | | | | no A/B pair has finished yet |")
     again = [(seed, r) for (arm, seed, mode), r in results.items() if mode == "crn_again"]

@@ -528,6 +528,11 @@ def test_pairing_block_every_pair_what_pairing_buys_and_the_coupling_checks():
     assert "- crn: mean difference" in block and "n = 3 pairs" in block
     assert "A/A (`or1` seed 0 twice, one `rollout_seed`): completions alike per step 1.00 1.00" in block
     assert ": identical." in block
+    for seed in range(3):  # crn pairs that draw alike all run long: B − A the same in every pair, no ratio to form
+        results[("or1_no_rejection", seed, "crn")] = pairing_result("or1_no_rejection", seed, "crn", crn_a[seed], rows)
+    block = learning_report.pairing_markdown(results, learning_arms.PAIRING, quick=False)
+    assert (f"SD of B − A {statistics.stdev(plain):.4f} without common random numbers, 0 with them (every crn pair's "
+            "B − A the same; goal ≥ 2×: met; no F-interval from a spread of 0; 3 and 3 pairs).") in block
 
 
 def test_pairing_block_names_the_precision_its_runs_record_and_each_server_dtype_has_its_folder():
