@@ -195,7 +195,7 @@ def test_learning_quick(tmp_path):
         for ratio, (ours, theirs) in zip(ratios, pairs):
             # One seed: its ratio is the ratio of the two rows (rounded there), and one pair has no t interval.
             for column, key, half_unit in ((1, 2, 0.5), (2, 3, 0.05), (3, 4, 0.5)):  # the rows' printed precision
-                value, seed_value = map(float, re.fullmatch(r"(\S+)× \(per seed (\S+); paired t 95% nan–nan\)",
+                value, seed_value = map(float, re.fullmatch(r"(\S+)× \(per seed (\S+); no interval: one pair\)",
                                                             ratio[column]).groups())
                 assert value == seed_value
                 a, b = (float(rows[arm][key].replace(",", "")) for arm in (ours, theirs))
