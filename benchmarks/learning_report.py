@@ -415,7 +415,7 @@ def precision(results: dict, key: str) -> str:
 def pairing_markdown(results: dict, settings: LadderSettings, quick: bool) -> str:
     """The pairing experiment's block: every seed pair's AUCs and difference per mode, the paired comparison of each
     mode, what pairing buys (SD of the differences, plain ÷ crn, against `PAIRING_GOAL`), the coupling checks."""
-    from learning_arms import PAIRING_ARMS, PAIRING_GOAL
+    from learning_arms import PAIRING_ARMS, PAIRING_GOAL, PAIRING_SEEDS
     from or1_trl.eval.paired import compare_paired
 
     a_arm, b_arm = PAIRING_ARMS
@@ -448,11 +448,15 @@ def pairing_markdown(results: dict, settings: LadderSettings, quick: bool) -> st
     if len(crn) >= 2 and len(plain) >= 2 and statistics.stdev(crn) > 0:
         ratio, low, high = sd_ratio_interval(plain, crn)
         verdict = "met" if ratio >= PAIRING_GOAL else "**missed**"
+        if min(len(plain), len(crn)) < PAIRING_SEEDS:  # the design's pairs not all in: no verdict yet
+            verdict = f"{verdict.strip('*')} so far, not decided: the design has {PAIRING_SEEDS} pairs a mode"
         lines.append(f"- What pairing buys: SD of B − A {statistics.stdev(plain):.4f} without common random numbers, "
                      f"{statistics.stdev(crn):.4f} with them: {ratio:.2f}× smaller (goal ≥ {PAIRING_GOAL:g}×: "
                      f"{verdict}; F-interval 95% {low:.2f}× to {high:.2f}×, {len(plain)} and {len(crn)} pairs).")
     elif len(crn) >= 2 and len(plain) >= 2:  # every crn pair differs by the same amount: no ratio to compute
         verdict = "met" if statistics.stdev(plain) > 0 else "not tested: no spread in either mode"
+        if min(len(plain), len(crn)) < PAIRING_SEEDS:
+            verdict = f"{verdict} so far, not decided: the design has {PAIRING_SEEDS} pairs a mode"
         lines.append(f"- What pairing buys: SD of B − A {statistics.stdev(plain):.4f} without common random numbers, "
                      f"0 with them (every crn pair's B − A the same; goal ≥ {PAIRING_GOAL:g}×: {verdict}; no "
                      f"F-interval from a spread of 0; {len(plain)} and {len(crn)} pairs).")
