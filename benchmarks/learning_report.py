@@ -445,21 +445,23 @@ def pairing_markdown(results: dict, settings: LadderSettings, quick: bool) -> st
             lines.append(f"- {mode}: " + compare_paired(aucs_a, aucs_b).summary())
             lines.append("")
     crn, plain = differences.get("crn", []), differences.get("plain", [])
+
+    def verdict(outcome: str) -> str:  # a verdict only once the design's pairs are all in
+        if min(len(plain), len(crn)) < PAIRING_SEEDS:
+            return f"{outcome} so far, not decided: the design has {PAIRING_SEEDS} pairs a mode"
+        return "**missed**" if outcome == "missed" else outcome
+
     if len(crn) >= 2 and len(plain) >= 2 and statistics.stdev(crn) > 0:
         ratio, low, high = sd_ratio_interval(plain, crn)
-        verdict = "met" if ratio >= PAIRING_GOAL else "**missed**"
-        if min(len(plain), len(crn)) < PAIRING_SEEDS:  # the design's pairs not all in: no verdict yet
-            verdict = f"{verdict.strip('*')} so far, not decided: the design has {PAIRING_SEEDS} pairs a mode"
         lines.append(f"- What pairing buys: SD of B − A {statistics.stdev(plain):.4f} without common random numbers, "
                      f"{statistics.stdev(crn):.4f} with them: {ratio:.2f}× smaller (goal ≥ {PAIRING_GOAL:g}×: "
-                     f"{verdict}; F-interval 95% {low:.2f}× to {high:.2f}×, {len(plain)} and {len(crn)} pairs).")
+                     f"{verdict('met' if ratio >= PAIRING_GOAL else 'missed')}; F-interval 95% {low:.2f}× to "
+                     f"{high:.2f}×, {len(plain)} and {len(crn)} pairs).")
     elif len(crn) >= 2 and len(plain) >= 2:  # every crn pair differs by the same amount: no ratio to compute
-        verdict = "met" if statistics.stdev(plain) > 0 else "not tested: no spread in either mode"
-        if min(len(plain), len(crn)) < PAIRING_SEEDS:
-            verdict = f"{verdict} so far, not decided: the design has {PAIRING_SEEDS} pairs a mode"
+        outcome = "met" if statistics.stdev(plain) > 0 else "not tested: no spread in either mode"
         lines.append(f"- What pairing buys: SD of B − A {statistics.stdev(plain):.4f} without common random numbers, "
-                     f"0 with them (every crn pair's B − A the same; goal ≥ {PAIRING_GOAL:g}×: {verdict}; no "
-                     f"F-interval from a spread of 0; {len(plain)} and {len(crn)} pairs).")
+                     f"0 with them (every crn pair's B − A the same; goal ≥ {PAIRING_GOAL:g}×: {verdict(outcome)}; "
+                     f"no F-interval from a spread of 0; {len(plain)} and {len(crn)} pairs).")
     if not any(differences.values()):
         lines.append("| — | | | | | no A/B pair has finished yet |")
     again = [(seed, r) for (arm, seed, mode), r in results.items() if mode == "crn_again"]
