@@ -174,10 +174,11 @@ LOG_KEYS = ("entropy", "entropy/measured", "entropy/target", "entropy_coef", "en
 
 
 def ladder_run(arm: str, seed: int, settings: LadderSettings, url: str | None, folder: str, workdir: str,
-               results_dir: str, start: dict, rollout_seed: int | None = None) -> dict:
+               results_dir: str, start: dict, stats_path: str, rollout_seed: int | None = None) -> dict:
     """One (arm, seed) run of the ladder on the server at `url` (None: HF `generate` in the trainer), its rollouts
     seeded with `rollout_seed` (paired rollouts; `None`: unseeded); returns its result (also written by the
-    caller)."""
+    caller). An `or1` run keeps its `prompt_stats.jsonl` at `stats_path`, beside its result (the ladder's
+    `or1-seed<N>.prompt_stats.jsonl`, which its 1-shot arms of that seed read; a pairing run's carries its mode)."""
     from transformers import AutoTokenizer
 
     from or1_trl.generation.vllm_generation import generation_backend
@@ -212,8 +213,7 @@ def ladder_run(arm: str, seed: int, settings: LadderSettings, url: str | None, f
     trainer.train()
     log = [{key: e[key] for key in ("step", *LOG_KEYS) if key in e} for e in trainer.state.log_history if "loss" in e]
     if arm == "or1":  # the 1-shot arms of this seed rank its prompts
-        shutil.copy(os.path.join(output_dir, "prompt_stats.jsonl"),
-                    os.path.join(results_dir, f"or1-seed{seed}.prompt_stats.jsonl"))
+        shutil.copy(os.path.join(output_dir, "prompt_stats.jsonl"), stats_path)
     points = evaluator.points
     hit = target_reached(points, 0.0, settings.window, target=settings.target)
     final = points[-settings.window:]
@@ -346,7 +346,8 @@ def run_ladder(todo, settings, results_dir, regime_path, start_path, stack, fold
         rollout_seed, path = paired if paired else (None, result_path(results_dir, arm, seed))
         label = f"{arm} seed {seed}" + (f" (rollout_seed {rollout_seed})" if paired else "")
         print(f"[{time.perf_counter() - started:6.0f} s] ladder {label} ...", file=sys.stderr, flush=True)
-        r = ladder_run(arm, seed, settings, url, folder, workdir, results_dir, start, rollout_seed=rollout_seed)
+        r = ladder_run(arm, seed, settings, url, folder, workdir, results_dir, start,
+                       stats_path=path.removesuffix(".json") + ".prompt_stats.jsonl", rollout_seed=rollout_seed)
         r["server_dtype"] = server_dtype if url is not None else None
         write_json_atomic(path, r)
         print(f"[{time.perf_counter() - started:6.0f} s] ladder {label}: "
