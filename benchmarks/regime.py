@@ -46,7 +46,7 @@ The arms (`ARMS`) and the goals, stated here before any run of this script, repo
    (`regime/selected_before_answer`; goal ≥ 0.8 on average: the regime the claim needs).
 5. **1-shot RLVR** in the paper's setting: no group filter (`rejection_sampling="off"`), a fixed entropy bonus
    (`ONE_SHOT_BONUS`, the 1-shot paper's 0.001), one example replicated to 128 rows, the same 60 steps (the GPU can run
-   longer: `--steps`). `one_shot` trains on π₁, the training prompt of highest historical variance in the `magic`
+   longer: `--steps`, another experiment in a folder of its own). `one_shot` trains on π₁, the training prompt of highest historical variance in the `magic`
    run of the same seed (`or1_trl.data.one_shot`); `one_shot_random0..2` on random examples stratified by rung
    (`stratified_example`); `format_only` on the full data with the format-only reward (`format_reward`). Goals: (a)
    `one_shot`'s held-out gain (final − start) at least half of `magic`'s (ratio of the mean gains); (b) `one_shot`
@@ -458,6 +458,13 @@ def plan(claims: list[int], seeds: int, first_seed: int, arms: list[str] | None 
                    if ARMS[arm].first_seed is None]
 
 
+def results_folder(settings: RegimeSettings) -> str:
+    """The default results folder of `settings`: one per generation backend (the two never mix) and per run length
+    (`--steps`: 60 steps, `REGIME`'s, has the plain name)."""
+    steps = "" if settings.steps == REGIME.steps else f"-{settings.steps}steps"
+    return RESULTS + RESULTS_SUFFIX[settings.generation] + steps
+
+
 def result_path(results_dir: str, arm: str, seed: int) -> str:
     return os.path.join(results_dir, f"{arm}-seed{seed}.json")
 
@@ -641,11 +648,19 @@ def main(argv=None) -> dict:
     parser.add_argument("--model-dir", help="default: `or1-trl model smollm2`'s folder")
     parser.add_argument("--checkpoints", metavar="DIR", help="where a run keeps its checkpoints while it runs (an "
                         "interrupted run resumes from them; default RESULTS/checkpoints: 1.6 GB a run for SmolLM2)")
+    parser.add_argument("--steps", type=int, help=f"steps a run (default {REGIME.steps}; the first stage is the first "
+                        "third): another length is another experiment, its results in a folder of their own, "
+                        f"{RESULTS}[-hf]-<N>steps unless --results")
     parser.add_argument("--quick", action="store_true", help="the tiny model, 2 steps an arm: tests this script")
     parser.add_argument("--markdown", metavar="FILE", help="also write the report to FILE")
     parser.add_argument("--report-only", action="store_true", help="run nothing, report what finished")
     args = parser.parse_args(argv)
     settings = REGIME_QUICK if args.quick else dataclasses.replace(REGIME, generation=args.generation)
+    if args.steps is not None:
+        if args.steps < 3 * settings.eval_every:
+            parser.error(f"--steps {args.steps}: at least {3 * settings.eval_every} (three evaluations, every "
+                         f"{settings.eval_every} steps)")
+        settings = dataclasses.replace(settings, steps=args.steps)
     with contextlib.ExitStack() as stack:
         if args.quick:
             from or1_trl.testing import save_tiny_model
@@ -656,7 +671,7 @@ def main(argv=None) -> dict:
 
             folder = args.model_dir or model_folder("smollm2")
         results_dir = args.results or (stack.enter_context(tempfile.TemporaryDirectory(prefix="or1-regime-"))
-                                       if args.quick else RESULTS + RESULTS_SUFFIX[settings.generation])
+                                       if args.quick else results_folder(settings))
         os.makedirs(results_dir, exist_ok=True)
         runs = plan(args.claims, args.seeds if args.seeds is not None else (1 if args.quick else 4), args.first_seed,
                     args.arms)

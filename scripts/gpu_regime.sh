@@ -4,6 +4,7 @@
 # counter-based sampler, fp32) and writing its result when it ends; a relaunch skips the finished ones.
 #   bash scripts/gpu_regime.sh [CLAIM...]        # default: every claim (1 2 3 4 5)
 #   SEEDS=4 PARALLEL=8 RESULTS=benchmarks/results/regime-hf   (the defaults)
+#   STEPS=200 bash scripts/gpu_regime.sh 5       # longer runs (`--steps`): RESULTS=benchmarks/results/regime-hf-200steps
 #   QUICK=1 PARALLEL=2 bash scripts/gpu_regime.sh 3              # the tiny model on a CPU: tests this script
 # Order: the starting point once; then every run that needs no other (claim 3's pilot, `magic`, the other arms);
 # then the runs that read one: claim 3's arms (the pilot sets their entropy target), `one_shot` (it ranks the `magic`
@@ -11,17 +12,18 @@
 # contention: compare them with each other only. One claim of 4 seeds is 8-20 runs: about one lent session each.
 # A run stopped midway resumes from its last checkpoint in $RESULTS/checkpoints (1.6 GB a run, removed when it ends):
 # bring back the *.json and logs/, not that folder.
-# Then the report: python benchmarks/regime.py --generation hf --report-only [--markdown FILE]
+# Then the report: python benchmarks/regime.py --generation hf [--steps N] --report-only [--markdown FILE]
 set -u
 CLAIMS=${*:-1 2 3 4 5}
 SEEDS=${SEEDS:-4}
 PARALLEL=${PARALLEL:-8}
-RESULTS=${RESULTS:-benchmarks/results/regime-hf}
+STEPS=${STEPS:-}
+RESULTS=${RESULTS:-benchmarks/results/regime-hf${STEPS:+-${STEPS}steps}}
 LOGS=$RESULTS/logs
 PYTHON=${PYTHON:-python3}
 mkdir -p "$LOGS"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false RESULTS LOGS PYTHON
-export REGIME_FLAGS="--generation hf --results $RESULTS${QUICK:+ --quick}"
+export REGIME_FLAGS="--generation hf --results $RESULTS${QUICK:+ --quick}${STEPS:+ --steps $STEPS}"
 
 # "RUN arm seed" lines of a wave's runs (imports may print their own lines): "first" needs no other run, "second"
 # reads one

@@ -263,21 +263,36 @@ def test_the_trainer_swaps_in_the_random_mask_and_logs_the_selected_share(tmp_pa
     assert logged == [pytest.approx(sum(shares) / len(shares))]
 
 
+def test_another_run_length_is_another_experiment_in_a_folder_of_its_own(capsys):
+    assert regime.results_folder(regime.REGIME) == "benchmarks/results/regime"
+    assert regime.results_folder(dataclasses.replace(regime.REGIME, generation="hf")) == "benchmarks/results/regime-hf"
+    longer = dataclasses.replace(regime.REGIME, generation="hf", steps=200)
+    assert regime.results_folder(longer) == "benchmarks/results/regime-hf-200steps"
+    with pytest.raises(SystemExit):  # before any model loads
+        regime.main(["--steps", "20", "--report-only"])
+    assert "--steps 20: at least 30 (three evaluations, every 10 steps)" in capsys.readouterr().err
+
+
 def test_the_gpu_script_runs_the_pilot_before_the_arms_it_sets_the_target_of(tmp_path):
-    """`scripts/gpu_regime.sh 3` with `QUICK=1` (the tiny model on the CPU, 2 processes at once): the pilot's result
-    is written before claim 3's arms start, and the controller arm trains with the target the pilot gives."""
+    """`scripts/gpu_regime.sh 3` with `QUICK=1` and `STEPS=3` (the tiny model on the CPU, 2 processes at once, one
+    step more than `--quick`'s): the pilot's result is written before claim 3's arms start, the controller arm trains
+    with the target the pilot gives, and every run is as long as STEPS says."""
     import os
     import subprocess
 
     from .test_learning_benchmarks import ENV, ROOT
 
-    env = {**ENV, "QUICK": "1", "PARALLEL": "2", "SEEDS": "1", "RESULTS": str(tmp_path), "PYTHON": sys.executable}
+    env = {**ENV, "QUICK": "1", "PARALLEL": "2", "SEEDS": "1", "STEPS": "3", "RESULTS": str(tmp_path),
+           "PYTHON": sys.executable}
     done = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_regime.sh"), "3"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    results = regime.load_results(str(tmp_path), regime.REGIME_QUICK)
+    settings = dataclasses.replace(regime.REGIME_QUICK, steps=3)
+    results = regime.load_results(str(tmp_path), settings)  # (exits on a result of other settings)
     assert {arm: set(runs) for arm, runs in results.items()} == {"nsgd4_pilot": {100}, "nsgd4": {0}, "nsgd4_off": {0}}
-    target = regime.entropy_target_from_pilot(results["nsgd4_pilot"][100], regime.REGIME_QUICK)["target"]
+    assert all([p["step"] for p in runs[0 if arm != "nsgd4_pilot" else 100]["curve"]] == [0, 1, 2, 3]
+               for arm, runs in results.items())
+    target = regime.entropy_target_from_pilot(results["nsgd4_pilot"][100], settings)["target"]
     assert results["nsgd4"][0]["entropy_target"] == target and results["nsgd4_off"][0]["entropy_target"] is None
     pilot_done = os.path.getmtime(tmp_path / "nsgd4_pilot-seed100.json")
     assert all(os.path.getmtime(tmp_path / "logs" / f"{arm}-seed0.log") > pilot_done for arm in ("nsgd4", "nsgd4_off"))
