@@ -61,7 +61,8 @@ The CPU therefore decides none of the learning claims (each needs ≥ 4 seed pai
 (claim 4's selected share from one `top20_all` run, claim 3's pilot). The claims are for a GPU:
 `scripts/gpu_regime.sh` runs a claim's arms × seeds as parallel processes (≤ 8 at once) with HF `generate` (paired by
 the HF path's counter-based sampler), fp32, results in `benchmarks/results/regime-hf/` (the two backends never mix).
-Each run writes its result when it ends; a relaunch skips the finished ones and resumes an interrupted one from its
+Each run prints a line a step (`or1_trl.trainer.step_printer`: reward, entropy, the step's seconds, elapsed and ETA)
+and the held-out figures every `eval_every` steps, and writes its result when it ends; a relaunch skips the finished ones and resumes an interrupted one from its
 last checkpoint (every `eval_every` steps, in `--checkpoints`, default `RESULTS/checkpoints`, ~1.6 GB a run,
 removed once its result is written): its curve, clock and rollouts go on as if it had not stopped. `--quick` runs
 the tiny model, 2 steps an arm, HF `generate`, into a temporary folder: its numbers mean nothing.
@@ -86,7 +87,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
-from transformers import AutoTokenizer, PrinterCallback
+from transformers import AutoTokenizer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from or1_trl import OR1Config, OR1Trainer
@@ -99,6 +100,7 @@ from or1_trl.generation.stop import StopAt
 from or1_trl.paths import output_dir_problem
 from or1_trl.trainer import checkpoint
 from or1_trl.trainer.or1_config import TRL_BEHAVIOUR
+from or1_trl.trainer.step_printer import show_steps
 from learning_arms import best_by_variance
 from learning_evaluation import LadderEvaluation, evaluate_ladder, hf_backends, server_backends
 from learning_runner import LOG_KEYS, cached_json, counting, device_name
@@ -397,7 +399,7 @@ def regime_run(arm: str, seed: int, settings: RegimeSettings, url: str | None, f
                             processing_class=AutoTokenizer.from_pretrained(folder), callbacks=[evaluator])
     trainer.regime_mask = ARMS[arm].mask
     trainer_ref.append(trainer)
-    trainer.remove_callback(PrinterCallback)
+    show_steps(trainer)  # a line a step (reward, entropy, time, ETA) in place of transformers' printed dict
     if url is not None:
         evaluator.push = trainer.vllm_generation.sync_weights
     if resume is not None:

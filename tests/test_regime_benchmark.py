@@ -143,10 +143,14 @@ def test_the_plan_runs_the_pilot_and_magic_first_and_each_run_once():
     assert [run for run in plan if run[1] == 0][:3] == [("nsgd4", 0), ("nsgd4_off", 0), ("magic", 0)]
 
 
-def test_regime_quick_ranks_the_magic_runs_prompts_and_resumes(tmp_path):
+def test_regime_quick_ranks_the_magic_runs_prompts_and_resumes(tmp_path, capsys):
     """`--quick --claims 5`: `magic`, then the 1-shot arms (π₁ from `magic`'s `prompt_stats.jsonl`, the random
-    examples, the format-only control), each result written; a relaunch runs nothing and reports the same."""
+    examples, the format-only control), each result written, each step a line; a relaunch runs nothing and reports
+    the same."""
     results = regime.main(["--quick", "--claims", "5", "--results", str(tmp_path)])
+    printed = capsys.readouterr().out
+    for step in (1, 2):  # every arm's steps, one line each
+        assert printed.count(f"step   {step}/2 | reward ") == len(regime.CLAIMS[5]), printed[-2000:]
     assert set(results) == set(regime.CLAIMS[5]) and all(set(runs) == {0} for runs in results.values())
     one_shot = results["one_shot"][0]
     ranked = [json.loads(line)["prompt_id"] for line in open(tmp_path / "magic-seed0.prompt_stats.jsonl")]
