@@ -46,9 +46,10 @@ The arms (`ARMS`) and the goals, stated here before any run of this script, repo
    (`regime/selected_before_answer`; goal ≥ 0.8 on average: the regime the claim needs).
 5. **1-shot RLVR** in the paper's setting: no group filter (`rejection_sampling="off"`), a fixed entropy bonus
    (`ONE_SHOT_BONUS`, the 1-shot paper's 0.001), one example replicated to 128 rows, the same 60 steps (the GPU can run
-   longer: `--steps`, another experiment in a folder of its own). `one_shot` trains on π₁, the training prompt of highest historical variance in the `magic`
-   run of the same seed (`or1_trl.data.one_shot`); `one_shot_random0..2` on random examples stratified by rung
-   (`stratified_example`); `format_only` on the full data with the format-only reward (`format_reward`). Goals: (a)
+   longer: `--steps`, another experiment in a folder of its own). `one_shot` trains on π₁, the training prompt of
+   highest historical variance in the `magic` run of the same seed (`or1_trl.data.one_shot`); `one_shot_random0..2`
+   on random examples stratified by rung (`stratified_example`); `format_only` on the full data with the format-only
+   reward (`format_reward`). Goals: (a)
    `one_shot`'s held-out gain (final − start) at least half of `magic`'s (ratio of the mean gains); (b) `one_shot`
    above the mean of the random examples' AUC (interval above 0); (c) `one_shot` above `format_only` (interval above
    0). Per rung in the result.
@@ -62,10 +63,11 @@ The CPU therefore decides none of the learning claims (each needs ≥ 4 seed pai
 `scripts/gpu_regime.sh` runs a claim's arms × seeds as parallel processes (≤ 8 at once) with HF `generate` (paired by
 the HF path's counter-based sampler), fp32, results in `benchmarks/results/regime-hf/` (the two backends never mix).
 Each run prints a line a step (`or1_trl.trainer.step_printer`: reward, entropy, the step's seconds, elapsed and ETA)
-and the held-out figures every `eval_every` steps, and writes its result when it ends; a relaunch skips the finished ones and resumes an interrupted one from its
-last checkpoint (every `eval_every` steps, in `--checkpoints`, default `RESULTS/checkpoints`, ~1.6 GB a run,
-removed once its result is written): its curve, clock and rollouts go on as if it had not stopped. `--quick` runs
-the tiny model, 2 steps an arm, HF `generate`, into a temporary folder: its numbers mean nothing.
+and the held-out figures every `eval_every` steps, and writes its result when it ends; a relaunch skips the finished
+ones and resumes an interrupted one from its last checkpoint (every `eval_every` steps, in `--checkpoints`, default
+`RESULTS/checkpoints`, ~1.6 GB a run, removed once its result is written): its curve, clock and rollouts go on as if
+it had not stopped. `--quick` runs the tiny model, 2 steps an arm, HF `generate`, into a temporary folder: its
+numbers mean nothing.
 """
 
 from __future__ import annotations
