@@ -328,7 +328,7 @@ def test_the_plan_runs_the_prefix_afresh():
 #: A program that looks for the test's expected value everywhere it can read while the judge runs: its own memory
 #: (a fork of the driver), every process's memory, fds, command line and environment, its stdin and /tmp.
 SNOOP = r'''
-import os, re
+import os, re, sys
 
 PATTERN = re.compile(rb"SECRET_TAG_(\d+)")
 
@@ -390,7 +390,11 @@ def snoop():
         except OSError:
             fds = []
         seen += [_read(f"/proc/{pid}/fd/{fd}") for fd in fds]
-    for root, _, files in os.walk("/tmp"):
+    # The interpreter's own trees are the host's files, bound read-only (a venv in a clone under /tmp lies there):
+    # the judge writes nothing into them, and reading its 60 000 files would only run the program out of time.
+    interpreter = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    for root, dirs, files in os.walk("/tmp"):
+        dirs[:] = [d for d in dirs if os.path.join(root, d) not in interpreter]
         seen += [_read(os.path.join(root, f)) for f in files]
     for data in seen:
         value = _found(data)
