@@ -2,10 +2,13 @@
 
     python benchmarks/demo.py [--runs 2] [--processes 1|2] [--quick] [--markdown FILE]
 
-Each run is `accelerate launch examples/train_or1.py` (the README's command; 60 SFT steps + 150 OR1 steps) in a
-fresh subprocess, in a temporary directory. `--processes 2` launches it with
-`configs/accelerate/cpu_2proc.yaml`. `--quick` runs `or1-trl demo --max_steps 3 --sft_steps 2` instead (seconds;
-for testing this script, not a figure). Reported per run: wall clock of the whole command (interpreter start,
+Each run is `or1-trl demo` (the README's first command; 60 SFT steps + 150 OR1 steps) in a fresh subprocess, in a
+temporary directory, with torch's default threads (one per core). `--processes 2` runs it as `accelerate launch
+--config_file configs/accelerate/cpu_2proc.yaml examples/train_or1.py` (the demo on two ranks). One process is not
+launched through `accelerate launch`: it sets OMP_NUM_THREADS=1, which on 2 cores took 87-98 s instead of 68-72
+and summed in another order (`0.330 -> 0.684` where `or1-trl demo` prints `0.330 -> 0.683`; measured 2026-11-29).
+`--quick` runs `or1-trl demo --max_steps 3 --sft_steps 2` instead (seconds; for testing this script, not a
+figure). Reported per run: wall clock of the whole command (interpreter start,
 imports, model build, both trainings), the peak resident memory of its largest process (`ru_maxrss` of the
 process tree, from `wait4`), the summary line, and whether all runs printed the same per-step rewards.
 
@@ -31,14 +34,16 @@ STEP = re.compile(r"^step +(\d+)(?:/\d+)? \| reward (\S+)", re.M)  # `step   3/1
 
 
 def command(processes: int, quick: bool) -> list[str]:
-    launch = [sys.executable, "-m", "accelerate.commands.launch"]
+    """`or1-trl demo` (as `python -m or1_trl.cli demo`), or the demo on `processes` ranks (`accelerate launch`)."""
     if processes == 1:
-        launch += ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+        launch = [sys.executable]
     else:
-        launch += ["--config_file", os.path.join(ROOT, "configs", "accelerate", "cpu_2proc.yaml"),
-                   "--num_processes", str(processes)]
+        launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                  os.path.join(ROOT, "configs", "accelerate", "cpu_2proc.yaml"), "--num_processes", str(processes)]
     if quick:
         return launch + ["-m", "or1_trl.cli", "demo", "--max_steps", "3", "--sft_steps", "2"]
+    if processes == 1:
+        return launch + ["-m", "or1_trl.cli", "demo"]
     return launch + [os.path.join(ROOT, "examples", "train_or1.py")]
 
 
@@ -70,6 +75,7 @@ def run_once(argv: list[str]) -> dict:
 
 def markdown(results: list[dict], processes: int, quick: bool) -> str:
     what = ("`or1-trl demo --max_steps 3 --sft_steps 2` (quick mode: not the demo's figures)" if quick else
+            "`or1-trl demo` (60 SFT steps + 150 OR1 steps)" if processes == 1 else
             "`accelerate launch examples/train_or1.py` (60 SFT steps + 150 OR1 steps)")
     if processes > 1:
         what += f", {processes} processes (`configs/accelerate/cpu_2proc.yaml`)"
