@@ -1,7 +1,7 @@
 """The recipe in its own regime (issue 50): the papers' claims tested where reasoning comes before the answer.
 
     python benchmarks/regime.py [--claims 1 2 3 4 5] [--seeds 4] [--generation vllm|hf] [--results DIR]
-                                [--markdown FILE] [--report-only]
+                                [--markdown FILE] [--plot PNG] [--report-only]
     python benchmarks/regime.py --quick          # the tiny model, 2 steps per arm: tests this script
     bash scripts/gpu_regime.sh CLAIM...          # a GPU machine: up to 8 runs at once (`--generation hf`)
 
@@ -630,6 +630,68 @@ def markdown(results: dict[str, dict[int, dict]], settings: RegimeSettings, quic
     return "\n".join(lines) + "\n"
 
 
+#: What the plot draws per step from a run's `log`, and its label. Every arm trains in `OR1Trainer`, so the entropy is
+#: one measure for all (over the tokens the update keeps), unlike the ladder's two trainers.
+PLOT_LOG_PANELS = (("entropy", "training entropy, kept tokens\n(OR1Trainer's, every arm)"),
+                   ("regime/selected_before_answer", "selected tokens before\nthe answer (80/20 arms)"))
+
+
+def plot_series(results: dict[str, dict[int, dict]]) -> dict[str, dict[str, dict]]:
+    """What `regime_plot` draws, per panel key ("accuracy": the held-out curve; then `PLOT_LOG_PANELS`' log keys) and
+    arm: `{"seeds": {seed: [(step, value), ...]}, "mean": [(step, mean over the seeds that have the step), ...]}`; an
+    arm with no value of a key is left out of that panel."""
+    series: dict[str, dict[str, dict]] = {}
+    for key in ("accuracy", *(key for key, _ in PLOT_LOG_PANELS)):
+        for arm in ARMS:
+            seeds = {}
+            for seed, r in sorted(results.get(arm, {}).items()):
+                points = r["curve"] if key == "accuracy" else r["log"]
+                values = [(p["step"], p[key]) for p in points
+                          if p.get(key) is not None and not (isinstance(p[key], float) and math.isnan(p[key]))]
+                if values:
+                    seeds[seed] = values
+            if seeds:
+                by_step: dict[int, list[float]] = {}
+                for values in seeds.values():
+                    for step, value in values:
+                        by_step.setdefault(step, []).append(value)
+                mean = [(step, statistics.mean(by_step[step])) for step in sorted(by_step)]
+                series.setdefault(key, {})[arm] = {"seeds": seeds, "mean": mean}
+    return series
+
+
+def regime_plot(results: dict[str, dict[int, dict]], settings: RegimeSettings, path: str) -> dict:
+    """The finished runs against the step, in `or1-trl plot`'s style: held-out avg@k, the training entropy, the share
+    of the selected tokens before the answer (the goal dashed); each seed thin, the mean over seeds thick; the OR1
+    arms' stage boundary dotted. Returns what it drew (`plot_series`)."""
+    from or1_trl.eval.plot import new_figure
+
+    series = plot_series(results)
+    panels = [("accuracy", f"held-out avg@{settings.samples}, T = 1.0"), *PLOT_LOG_PANELS]
+    fig, axes = new_figure(len(panels))
+    colors = {arm: f"C{i % 10}" for i, arm in enumerate(arm for arm in ARMS if any(arm in s for s in series.values()))}
+    axes[2].axhline(SELECTED_BEFORE_GOAL, color="black", linestyle="--", linewidth=1,
+                    label=f"goal ≥ {SELECTED_BEFORE_GOAL}")
+    for ax, (key, label) in zip(axes, panels):
+        for arm, drawn in series.get(key, {}).items():
+            for values in drawn["seeds"].values():
+                ax.plot(*zip(*values), color=colors[arm], alpha=0.25, linewidth=0.8)
+            count = len(drawn["seeds"])
+            ax.plot(*zip(*drawn["mean"]), color=colors[arm], linewidth=2, marker="o" if key == "accuracy" else None,
+                    markersize=3, label=f"{arm} ({count} seed{'s' if count > 1 else ''})")
+        ax.set_ylabel(label)
+        ax.axvline(settings.steps // 3 + 0.5, color="black", linestyle=":", linewidth=1)
+        if series.get(key):
+            ax.legend(loc="best", fontsize=7)
+    axes[0].set_ylim(-0.02, 1.02)
+    axes[2].set_ylim(-0.02, 1.02)
+    axes[0].set_title(f"{settings.model}, word problems: {len(TEMPLATES) * settings.held_out_per_rung} held-out "
+                      f"prompts, {settings.generation} generation\nseeds thin, their mean thick; the OR1 arms' second "
+                      "stage after the dotted line", fontsize=9)
+    fig.savefig(path, dpi=120)
+    return series
+
+
 def _num(value, spec: str) -> str:
     return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
@@ -656,6 +718,7 @@ def main(argv=None) -> dict:
                         f"{RESULTS}[-hf]-<N>steps unless --results")
     parser.add_argument("--quick", action="store_true", help="the tiny model, 2 steps an arm: tests this script")
     parser.add_argument("--markdown", metavar="FILE", help="also write the report to FILE")
+    parser.add_argument("--plot", metavar="PNG", help="also draw the finished runs' curves into PNG")
     parser.add_argument("--report-only", action="store_true", help="run nothing, report what finished")
     args = parser.parse_args(argv)
     settings = REGIME_QUICK if args.quick else dataclasses.replace(REGIME, generation=args.generation)
@@ -691,6 +754,9 @@ def main(argv=None) -> dict:
     print("\n" + block)
     if args.markdown:
         pathlib.Path(args.markdown).write_text(block)
+    if args.plot and any(results.values()):
+        regime_plot(results, settings, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
     return results
 
 

@@ -12,7 +12,8 @@
 # contention: compare them with each other only. One claim of 4 seeds is 8-20 runs: about one lent session each.
 # A run stopped midway resumes from its last checkpoint in $RESULTS/checkpoints (1.6 GB a run, removed when it ends):
 # bring back the *.json and logs/, not that folder.
-# Then the report: python benchmarks/regime.py --generation hf [--steps N] --report-only [--markdown FILE]
+# It ends with the report ($LOGS/report.log) and its plot ($RESULTS/regime.png); again, from the results brought back:
+#   python benchmarks/regime.py --generation hf [--steps N] --report-only [--markdown FILE] [--plot PNG]
 set -u
 CLAIMS=${*:-1 2 3 4 5}
 SEEDS=${SEEDS:-4}
@@ -56,6 +57,7 @@ for wave in first second; do
     runs "$wave" | sed -n 's/^RUN //p' | xargs -P "$PARALLEL" -L 1 bash -c 'one "$0" "$1"' || status=1
 done
 # shellcheck disable=SC2086
-"$PYTHON" benchmarks/regime.py $REGIME_FLAGS --claims $CLAIMS --seeds "$SEEDS" --report-only > "$LOGS/report.log" 2>&1
+"$PYTHON" benchmarks/regime.py $REGIME_FLAGS --claims $CLAIMS --seeds "$SEEDS" --report-only \
+    --plot "$RESULTS/regime.png" > "$LOGS/report.log" 2>&1
 tail -40 "$LOGS/report.log"
 exit $status

@@ -54,7 +54,8 @@ def test_every_arm_changes_only_what_its_claim_names(tmp_path):
     grpo = _config(tmp_path, "grpo")
     assert (grpo.rejection_sampling, grpo.use_adaptive_entropy, grpo.entropy_coef, grpo.stages) == ("off", False, 0.0,
                                                                                                      None)
-    assert grpo.max_completion_length == 128 and grpo.rollout_correction == _config(tmp_path, "magic").rollout_correction
+    assert grpo.max_completion_length == 128
+    assert grpo.rollout_correction == _config(tmp_path, "magic").rollout_correction
 
 
 def test_the_n_sgd_4_arms_cut_one_rollout_into_four_updates(tmp_path):
@@ -134,6 +135,27 @@ def test_verdicts_follow_the_stated_goals():
     for seed in (0, 1):
         results["nsgd4_off"][seed]["train_entropy_last_third"] = 0.5  # no control collapsed: nothing to prevent
     assert regime.verdicts(results, SETTINGS)[3]["verdict"] == "not tested"
+
+
+def test_the_plot_draws_each_seed_and_the_mean_over_the_seeds_that_reached_a_step(tmp_path):
+    nan = float("nan")
+    curve = {0: [0.1, 0.3, 0.5], 1: [0.2, 0.2]}  # seed 1 stopped after its first evaluation
+    log = {seed: [{"step": 1, "entropy": 0.9 + seed, "regime/selected_before_answer": 0.8},
+                  {"step": 2, "entropy": nan, "regime/selected_before_answer": 0.6 + 0.2 * seed}] for seed in curve}
+    results = {"top20_all": {seed: _result("top20_all", seed, 0.3, claim=4, log=log[seed], curve=[
+        {"step": 10 * i, "accuracy": a} for i, a in enumerate(values)]) for seed, values in curve.items()},
+        "magic": {0: _result("magic", 0, 0.2, curve=[{"step": 0, "accuracy": 0.1}, {"step": 10, "accuracy": 0.4}],
+                             log=[{"step": 1, "entropy": 1.0}, {"step": 2, "entropy": 0.5}])}}
+    approx = pytest.approx
+    png = tmp_path / "regime.png"
+    drawn = regime.regime_plot(results, SETTINGS, str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert drawn["accuracy"]["top20_all"]["seeds"] == {0: [(0, 0.1), (10, 0.3), (20, 0.5)], 1: [(0, 0.2), (10, 0.2)]}
+    assert drawn["accuracy"]["top20_all"]["mean"] == [(0, approx(0.15)), (10, approx(0.25)), (20, 0.5)]
+    assert drawn["entropy"]["top20_all"]["mean"] == [(1, approx(1.4))]  # a NaN step is left out
+    assert drawn["entropy"]["magic"]["mean"] == [(1, 1.0), (2, 0.5)]
+    assert drawn["regime/selected_before_answer"] == {"top20_all": {
+        "seeds": {0: [(1, 0.8), (2, 0.6)], 1: [(1, 0.8), (2, 0.8)]}, "mean": [(1, 0.8), (2, approx(0.7))]}}
 
 
 def test_the_plan_runs_the_pilot_and_magic_first_and_each_run_once():
@@ -280,7 +302,7 @@ def test_another_run_length_is_another_experiment_in_a_folder_of_its_own(capsys)
 def test_the_gpu_script_runs_the_pilot_before_the_arms_it_sets_the_target_of(tmp_path):
     """`scripts/gpu_regime.sh 3` with `QUICK=1` and `STEPS=3` (the tiny model on the CPU, 2 processes at once, one
     step more than `--quick`'s): the pilot's result is written before claim 3's arms start, the controller arm trains
-    with the target the pilot gives, and every run is as long as STEPS says."""
+    with the target the pilot gives, every run is as long as STEPS says, and the report's plot is written."""
     import os
     import subprocess
 
@@ -300,3 +322,4 @@ def test_the_gpu_script_runs_the_pilot_before_the_arms_it_sets_the_target_of(tmp
     assert results["nsgd4"][0]["entropy_target"] == target and results["nsgd4_off"][0]["entropy_target"] is None
     pilot_done = os.path.getmtime(tmp_path / "nsgd4_pilot-seed100.json")
     assert all(os.path.getmtime(tmp_path / "logs" / f"{arm}-seed0.log") > pilot_done for arm in ("nsgd4", "nsgd4_off"))
+    assert (tmp_path / "regime.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the report's plot comes back too
