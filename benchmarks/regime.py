@@ -643,21 +643,20 @@ def plot_series(results: dict[str, dict[int, dict]]) -> dict[str, dict[str, dict
     series: dict[str, dict[str, dict]] = {}
     for key in ("accuracy", *(key for key, _ in PLOT_LOG_PANELS)):
         for arm in ARMS:
-            seeds = {}
-            for seed, r in sorted(results.get(arm, {}).items()):
-                points = r["curve"] if key == "accuracy" else r["log"]
-                values = [(p["step"], p[key]) for p in points
-                          if p.get(key) is not None and not (isinstance(p[key], float) and math.isnan(p[key]))]
-                if values:
-                    seeds[seed] = values
+            seeds = {seed: values for seed, r in sorted(results.get(arm, {}).items())
+                     if (values := [(p["step"], p[key]) for p in r["curve" if key == "accuracy" else "log"]
+                                    if _measured(p.get(key))])}
             if seeds:
-                by_step: dict[int, list[float]] = {}
-                for values in seeds.values():
-                    for step, value in values:
-                        by_step.setdefault(step, []).append(value)
-                mean = [(step, statistics.mean(by_step[step])) for step in sorted(by_step)]
+                steps = sorted({step for values in seeds.values() for step, _ in values})
+                mean = [(step, statistics.mean(v for values in seeds.values() for s, v in values if s == step))
+                        for step in steps]
                 series.setdefault(key, {})[arm] = {"seeds": seeds, "mean": mean}
     return series
+
+
+def _measured(value) -> bool:
+    """A logged value that measured something: not missing, not NaN (a step with no kept token logs NaN)."""
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
 def regime_plot(results: dict[str, dict[int, dict]], settings: RegimeSettings, path: str) -> dict:
@@ -693,7 +692,7 @@ def regime_plot(results: dict[str, dict[int, dict]], settings: RegimeSettings, p
 
 
 def _num(value, spec: str) -> str:
-    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+    return format(value, spec) if _measured(value) else "—"
 
 
 def _round(value):
@@ -727,6 +726,8 @@ def main(argv=None) -> dict:
             parser.error(f"--steps {args.steps}: at least {3 * settings.eval_every} (three evaluations, every "
                          f"{settings.eval_every} steps)")
         settings = dataclasses.replace(settings, steps=args.steps)
+    if args.plot and not os.path.isdir(plot_dir := os.path.dirname(os.path.abspath(args.plot))):
+        parser.error(f"--plot {args.plot}: no folder {plot_dir}")  # one line now, not a traceback after the runs
     with contextlib.ExitStack() as stack:
         if args.quick:
             from or1_trl.testing import save_tiny_model

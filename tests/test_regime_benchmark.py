@@ -299,6 +299,12 @@ def test_another_run_length_is_another_experiment_in_a_folder_of_its_own(capsys)
     assert "--steps 20: at least 30 (three evaluations, every 10 steps)" in capsys.readouterr().err
 
 
+def test_a_plot_into_a_missing_folder_is_one_line_before_any_run(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        regime.main(["--quick", "--plot", str(tmp_path / "missing" / "regime.png")])
+    assert f"--plot {tmp_path / 'missing' / 'regime.png'}: no folder {tmp_path / 'missing'}" in capsys.readouterr().err
+
+
 def test_the_gpu_script_runs_the_pilot_before_the_arms_it_sets_the_target_of(tmp_path):
     """`scripts/gpu_regime.sh 3` with `QUICK=1` and `STEPS=3` (the tiny model on the CPU, 2 processes at once, one
     step more than `--quick`'s): the pilot's result is written before claim 3's arms start, the controller arm trains
