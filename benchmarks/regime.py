@@ -43,7 +43,8 @@ The arms (`ARMS`) and the goals, stated here before any run of this script, repo
    uniformly among the kept ones; benchmark-only, `RegimeTrainer.get_high_entropy_mask`). Goals: (a) each 80/20 arm
    not worse than `magic` by more than `MARGIN` AUC; (b) `top20_selected` above `random20` (interval above 0).
    Mechanism, reported per step: the share of the selected tokens before the answer tag
-   (`regime/selected_before_answer`; goal ≥ 0.8 on average: the regime the claim needs).
+   (`regime/selected_before_answer`; goal ≥ 0.8 on average: the regime the claim needs), and of those after it, the
+   share in the tagged number (`regime/selected_answer_number`: the answer's own forking token, not the tag's).
 5. **1-shot RLVR** in the paper's setting: no group filter (`rejection_sampling="off"`), a fixed entropy bonus
    (`ONE_SHOT_BONUS`, the 1-shot paper's 0.001), one example replicated to 128 rows, the same 60 steps (the GPU can run
    longer: `--steps`, another experiment in a folder of its own). `one_shot` trains on π₁, the training prompt of
@@ -93,8 +94,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from or1_trl import OR1Config, OR1Trainer
 import regime_probe
-from or1_trl.data.word_problems import (ANSWER_LINE, TEMPLATES, answer_offset, format_reward, tagged_answer_reward,
-                                        word_problem_split)
+from or1_trl.data.word_problems import (ANSWER_LINE, TEMPLATES, answer_number_span, answer_offset, format_reward,
+                                        tagged_answer_reward, word_problem_split)
 from or1_trl.eval.paired import compare_paired, held_out_auc
 from or1_trl.files import write_json_atomic
 from or1_trl.generation.stop import StopAt
@@ -285,22 +286,53 @@ def entropy_target_from_pilot(pilot: dict, settings: RegimeSettings) -> dict:
 
 
 # --- The trainer: OR1Trainer, with the benchmark's 80/20 figures and the random-20% control ------------------------
-def answer_token(tokenizer, ids: list[int]) -> int | None:
-    """The index of the completion token in which the last "Answer:" tag starts (None without one): the tokens
-    before it are the reasoning (the regime probe's rule, `regime_probe.answer_token`)."""
-    offset = answer_offset(tokenizer.decode(ids, skip_special_tokens=True))
-    return None if offset is None else regime_probe.answer_token(tokenizer, ids, offset)
+@dataclass(frozen=True)
+class AnswerPlaces:
+    """Where a completion's answer line stands, as token indices: `tag`, the token in which the last "Answer:" tag
+    starts (the tokens before it are the reasoning, the regime probe's rule); `[number, number_end)`, the tokens that
+    hold its number (empty when the last tag has none). The rest of the line (the tag's tokens, the line's end, an
+    end-of-sequence token) lies in `[tag, number)` and from `number_end` on."""
+
+    tag: int
+    number: int
+    number_end: int
 
 
-def selected_before_answer(selected: torch.Tensor, answer_tokens: list[int | None]) -> tuple[int, int]:
-    """`(before, total)`: of the selected tokens (`[b, T]` bool) of the rows with an answer tag (`answer_tokens[row]`:
-    the token where the tag starts; None without one), how many come before the tag, and how many there are."""
-    before = total = 0
-    for row, start in enumerate(answer_tokens):
-        if start is not None:
+def answer_places(tokenizer, ids: list[int]) -> AnswerPlaces | None:
+    """`AnswerPlaces` of the completion `ids` (None without an answer tag), from the characters of the decoded text
+    (`answer_offset`, `answer_number_span`) mapped to the tokens that hold them (`regime_probe.answer_token`)."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    offset, span = answer_offset(text), answer_number_span(text)
+    if offset is None:
+        return None
+    tag = regime_probe.answer_token(tokenizer, ids, offset)
+    if span is None or span[0] < offset:  # the last tag has no number
+        return AnswerPlaces(tag=tag, number=tag, number_end=tag)
+    return AnswerPlaces(tag=tag, number=regime_probe.answer_token(tokenizer, ids, span[0]),
+                        number_end=regime_probe.answer_token(tokenizer, ids, span[1] - 1) + 1)
+
+
+@dataclass(frozen=True)
+class SelectedPlaces:
+    """Of the selected tokens of the completions with an answer tag: how many (`total`), how many before the tag
+    (`before`: the reasoning, where claim 4 needs them) and how many in the tagged number (`number`); the others are
+    the tag's own tokens and what ends the line."""
+
+    before: int
+    number: int
+    total: int
+
+
+def selected_places(selected: torch.Tensor, places: list[AnswerPlaces | None]) -> SelectedPlaces:
+    """Counts the selected tokens (`[b, T]` bool) of the rows with an answer tag (`places[row]`, None without one) by
+    where they fall (`SelectedPlaces`)."""
+    before = number = total = 0
+    for row, place in enumerate(places):
+        if place is not None:
             total += int(selected[row].sum())
-            before += int(selected[row, :start].sum())
-    return before, total
+            before += int(selected[row, :place.tag].sum())
+            number += int(selected[row, place.number:place.number_end].sum())
+    return SelectedPlaces(before=before, number=number, total=total)
 
 
 def random_mask(valid: torch.Tensor, count: int, generator: torch.Generator) -> torch.Tensor:
@@ -318,14 +350,15 @@ RUN_STATE_FILE = "regime_run.json"  # in each checkpoint: the benchmark's own st
 
 class RegimeTrainer(counting(OR1Trainer)):
     """`OR1Trainer` with what claim 4 measures: per step, the share of the 80/20 mask's tokens that come before the
-    answer tag (`regime/selected_before_answer`, over the tagged completions), and for `random20` the mask replaced
+    answer tag (`regime/selected_before_answer`, over the tagged completions) and in the tagged number
+    (`regime/selected_answer_number`; `selected_places`), and for `random20` the mask replaced
     by as many tokens drawn uniformly among the kept ones (`random_mask`, a generator keyed by seed, step and draw).
     Each checkpoint also holds the run's own state (`RUN_STATE_FILE`: `run_state()`, the generated tokens and the
     rollouts' digests so far), so a run stopped midway resumes where it stopped (`regime_run`)."""
 
     regime_mask = "top"
     run_state = None  # () -> dict: what the run adds to each checkpoint (`regime_run`: the evaluation, the clock)
-    _answer_tokens: list | None = None
+    _answer_places: list | None = None
     _mask_draws = 0
 
     def _checkpoint_files(self) -> list[str]:
@@ -348,9 +381,9 @@ class RegimeTrainer(counting(OR1Trainer)):
         self.bench_digests = {int(step): rows for step, rows in saved["digests"].items()}
 
     def _compute_loss(self, model, inputs):
-        if self.top_entropy_quantile < 1.0:  # where each row's answer starts: [b] (None without a tag)
+        if self.top_entropy_quantile < 1.0:  # where each row's answer line stands: [b] (None without a tag)
             rows = zip(inputs["completion_ids"].tolist(), inputs["completion_mask"].tolist())
-            self._answer_tokens = [answer_token(self.processing_class, [t for t, m in zip(ids, mask) if m])
+            self._answer_places = [answer_places(self.processing_class, [t for t, m in zip(ids, mask) if m])
                                    for ids, mask in rows]
         return super()._compute_loss(model, inputs)
 
@@ -363,15 +396,17 @@ class RegimeTrainer(counting(OR1Trainer)):
                                    generator=torch.Generator().manual_seed(key))
             if self._policy_pass is not None:  # the mask OR1Trainer's "selected" normaliser would count
                 self._policy_pass["high_entropy"] = selected
-        if self._answer_tokens is not None:
-            before, total = selected_before_answer(selected, self._answer_tokens)
-            if total:
-                self._metrics["train"]["regime/selected_before_answer"].append(before / total)
+        if self._answer_places is not None:
+            counts = selected_places(selected, self._answer_places)
+            if counts.total:
+                self._metrics["train"]["regime/selected_before_answer"].append(counts.before / counts.total)
+                self._metrics["train"]["regime/selected_answer_number"].append(counts.number / counts.total)
         return selected
 
 
 # --- One run ---------------------------------------------------------------------------------------------------------
-REGIME_LOG_KEYS = (*LOG_KEYS, "regime/selected_before_answer", "completions/stopped_ratio")
+REGIME_LOG_KEYS = (*LOG_KEYS, "regime/selected_before_answer", "regime/selected_answer_number",
+                   "completions/stopped_ratio")
 
 
 def run_dir(checkpoints_dir: str, arm: str, seed: int) -> str:
@@ -420,6 +455,7 @@ def regime_run(arm: str, seed: int, settings: RegimeSettings, url: str | None, f
     final = points[-2:]
     step_seconds = [e["time/step_s"] for e in log if e.get("time/step_s") is not None]
     selected = [e["regime/selected_before_answer"] for e in log if "regime/selected_before_answer" in e]
+    in_number = [e["regime/selected_answer_number"] for e in log if "regime/selected_answer_number" in e]
     return {
         "arm": arm, "seed": seed, "claim": ARMS[arm].claim, "settings": dataclasses.asdict(settings),
         "finished": time.strftime("%Y-%m-%d %H:%M"), "device": device_name(),
@@ -430,6 +466,7 @@ def regime_run(arm: str, seed: int, settings: RegimeSettings, url: str | None, f
         "train_entropy_last_third": last_third_entropy(log, settings.steps),
         "entropy_target": config.entropy_target if config.use_adaptive_entropy else None,
         "selected_before_answer": statistics.mean(selected) if selected else None,
+        "selected_answer_number": statistics.mean(in_number) if in_number else None,
         "seconds_per_step": statistics.median(step_seconds) if step_seconds else None,
         "selection": selection,
         "rollout_digests": {str(k): v for k, v in getattr(trainer, "bench_digests", {}).items()},
@@ -617,13 +654,14 @@ def markdown(results: dict[str, dict[int, dict]], settings: RegimeSettings, quic
     lines = [f"Regime benchmark, `python benchmarks/regime.py` ({settings.model}; word problems, {settings.steps} "
              f"steps, {settings.generation} generation{'; --quick: its numbers mean nothing' if quick else ''}):", "",
              "| arm | claim | seed | held-out AUC | start → final | s/step | last-third entropy | selected before "
-             "the answer | device |", "|---|---:|---:|---:|---|---:|---:|---:|---|"]
+             "the answer | selected in its number | device |", "|---|---:|---:|---:|---|---:|---:|---:|---:|---|"]
     for arm in ARMS:
         for seed, r in sorted(results.get(arm, {}).items()):
-            selected = r.get("selected_before_answer")
+            before, in_number = r.get("selected_before_answer"), r.get("selected_answer_number")
             lines.append(f"| {arm} | {r['claim']} | {seed} | {r['auc']:.3f} | {r['start_accuracy']:.3f} → "
                          f"{r['final_accuracy']:.3f} | {_num(r.get('seconds_per_step'), '.1f')} | "
-                         f"{_num(r['train_entropy_last_third'], '.3f')} | {_num(selected, '.2f')} | {r['device']} |")
+                         f"{_num(r['train_entropy_last_third'], '.3f')} | {_num(before, '.2f')} | "
+                         f"{_num(in_number, '.2f')} | {r['device']} |")
     lines += ["", "| claim | goal | verdict | figures |", "|---:|---|---|---|"]
     for claim, v in verdicts(results, settings).items():
         lines.append(f"| {claim} | {v['goal']} | {v['verdict']} | `{json.dumps(v['figures'], default=_round)}` |")

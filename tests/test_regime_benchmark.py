@@ -77,9 +77,31 @@ def test_the_entropy_target_comes_from_the_pilot():
     assert regime.entropy_target_from_pilot({"log": falls}, SETTINGS)["target"] == 0.2
 
 
-def test_selected_before_answer_counts_the_tagged_rows_only():
-    selected = torch.tensor([[1, 0, 1, 1], [1, 1, 0, 0], [0, 1, 1, 1]], dtype=torch.bool)
-    assert regime.selected_before_answer(selected, [2, None, 1]) == (1 + 0, 3 + 3)
+def test_selected_places_counts_the_tagged_rows_only_before_the_tag_and_in_the_number():
+    selected = torch.tensor([[1, 0, 1, 1, 0], [1, 1, 0, 0, 0], [0, 1, 1, 1, 1]], dtype=torch.bool)
+    places = [regime.AnswerPlaces(tag=2, number=3, number_end=4), None,
+              regime.AnswerPlaces(tag=1, number=2, number_end=4)]
+    assert regime.selected_places(selected, places) == regime.SelectedPlaces(before=1 + 0, number=1 + 2, total=3 + 4)
+
+
+def test_answer_places_are_the_tokens_of_the_tag_and_of_its_number():
+    from or1_trl.testing import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+
+    def pieces(text):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        place = regime.answer_places(tokenizer, ids)
+        return place and [tokenizer.decode(ids[a:b]) for a, b in ((0, place.tag), (place.tag, place.number),
+                                                                   (place.number, place.number_end),
+                                                                   (place.number_end, len(ids)))]
+
+    before, tag, number, rest = pieces("3 + 14 = 17\nAnswer: 17\n")
+    assert before == "3 + 14 = 17\n" and tag.strip() == "Answer:" and number.strip() == "17" and rest == "\n"
+    assert pieces("Answer: 3, no.\nAnswer: -12")[2].strip() == "-12"  # the last tag's number, its sign
+    assert pieces("no tag: 7") is None
+    _, tag, number, rest = pieces("17\nAnswer: none")  # a tag without a number: its line is tag and rest
+    assert number == "" and "Answer:" in tag + rest
 
 
 def test_the_random_mask_draws_the_count_among_the_valid_tokens_only():
@@ -252,15 +274,17 @@ def test_a_checkpoints_folder_that_cannot_be_written_is_one_line_before_any_run(
 
 
 def test_the_trainer_swaps_in_the_random_mask_and_logs_the_selected_share(tmp_path, monkeypatch):
-    """One step of `RegimeTrainer` on the tiny model with the 80/20 rule (every answer tag placed at token 2: the tiny
-    model writes none): the random control selects as many tokens as TRL's mask, among the valid ones only, and is
-    the mask the loss gets; the logged share before the answer is the plain count over the masks used."""
+    """One step of `RegimeTrainer` on the tiny model with the 80/20 rule (every answer tag placed at token 2, its
+    number at token 3: the tiny model writes none): the random control selects as many tokens as TRL's mask, among
+    the valid ones only, and is the mask the loss gets; the logged shares before the answer and in its number are the
+    plain counts over the masks used."""
     from or1_trl import OR1Config
     from or1_trl.testing import tiny_model_and_tokenizer, tiny_training_args
 
     from .helpers import ScriptedReward, tagged_dataset
 
-    monkeypatch.setattr(regime, "answer_token", lambda tokenizer, ids: 2)
+    place = regime.AnswerPlaces(tag=2, number=3, number_end=4)
+    monkeypatch.setattr(regime, "answer_places", lambda tokenizer, ids: place)
     model, tokenizer = tiny_model_and_tokenizer(seed=0)
     args = OR1Config(**tiny_training_args(tmp_path, top_entropy_quantile=0.2, max_steps=1, rollout_seed=1,
                                           rejection_sampling="off"))
@@ -282,11 +306,11 @@ def test_the_trainer_swaps_in_the_random_mask_and_logs_the_selected_share(tmp_pa
     for trl_mask, used, valid in seen:
         assert int(used.sum()) == int(trl_mask.sum()) and not (used & ~valid).any()
     assert any(not torch.equal(trl_mask, used) for trl_mask, used, _ in seen)
-    shares = [before / total for before, total in (regime.selected_before_answer(used, [2] * len(used))
-                                                   for _, used, _ in seen) if total]
-    logged = [e["regime/selected_before_answer"] for e in trainer.state.log_history
-              if "regime/selected_before_answer" in e]
-    assert logged == [pytest.approx(sum(shares) / len(shares))]
+    counts = [c for c in (regime.selected_places(used, [place] * len(used)) for _, used, _ in seen) if c.total]
+    for key, share in (("regime/selected_before_answer", [c.before / c.total for c in counts]),
+                       ("regime/selected_answer_number", [c.number / c.total for c in counts])):
+        logged = [e[key] for e in trainer.state.log_history if key in e]
+        assert logged == [pytest.approx(sum(share) / len(share))]
 
 
 def test_another_run_length_is_another_experiment_in_a_folder_of_its_own(capsys):

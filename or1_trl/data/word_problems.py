@@ -31,7 +31,7 @@ What a completion is judged by, here and in the regime probe:
   the 1-shot claim);
 - `reasons_before_answer`: the text before the tag holds at least one worked arithmetic step ("12 - 5 = 7");
 - `answer_offset`: where the tag starts (the tokens before it are the reasoning: where the 80/20 rule's selected
-  tokens should fall).
+  tokens should fall); `answer_number_span`: where the tagged number stands.
 
 A completion may write on after its answer line (in the regime probe, 38% of the tagged ones did), where the 80/20
 rule's selected tokens and the entropy term would then fall: `ANSWER_LINE`, as `OR1Config.stop_pattern`, ends each
@@ -164,6 +164,14 @@ def answer_offset(completion) -> int | None:
     text = _text(completion)
     offset = text.rfind(ANSWER_TAG)
     return offset if offset >= 0 else None
+
+
+def answer_number_span(completion) -> tuple[int, int] | None:
+    """The characters `[start, end)` of the number after the last tagged answer ("Answer: 7" -> the "7"), or None
+    without one: with `answer_offset`, where a completion's answer line places its number (`benchmarks/regime.py`
+    counts the 80/20 rule's selected tokens there apart from the tag's)."""
+    found = list(_TAGGED.finditer(_text(completion)))
+    return found[-1].span(1) if found else None
 
 
 def reasons_before_answer(completion) -> bool:

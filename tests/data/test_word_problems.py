@@ -3,9 +3,9 @@ judged, against hand-worked examples."""
 
 import pytest
 
-from or1_trl.data.word_problems import (ANSWER_TAG, INSTRUCTION, TEMPLATES, WORKED_SOLUTION, answer_offset,
-                                        format_reward, reasons_before_answer, tagged_answer, tagged_answer_reward,
-                                        word_problem_split)
+from or1_trl.data.word_problems import (ANSWER_TAG, INSTRUCTION, TEMPLATES, WORKED_SOLUTION, answer_number_span,
+                                        answer_offset, format_reward, reasons_before_answer, tagged_answer,
+                                        tagged_answer_reward, word_problem_split)
 
 
 def test_rows_state_the_problem_and_its_hand_worked_answer():
@@ -47,6 +47,9 @@ def test_a_completion_is_judged_by_its_tagged_answer_and_the_steps_before_it():
     assert answer_offset(worked) == worked.index(ANSWER_TAG)
     assert tagged_answer("Answer: 3\nWait, no.\nAnswer: 7") == "7"  # the last tag counts
     assert tagged_answer("The answer is 7.") is None and answer_offset("The answer is 7.") is None
+    assert worked[slice(*answer_number_span(worked))] == "7"
+    assert answer_number_span("Answer: 3\nWait.\nAnswer:  -12\n") == (25, 28)  # the last tag's number, its sign
+    assert answer_number_span("The answer is 7.") is None and answer_number_span("Answer: seven") is None
     assert not reasons_before_answer("Answer: 7")  # tagged, but nothing worked out before it
     assert not reasons_before_answer("12 - 5 = 7, so 7.")  # worked, never tagged
     assert tagged_answer([{"role": "assistant", "content": "4 + 3 = 7\nAnswer: -7"}]) == "-7"  # a conversation
