@@ -590,13 +590,15 @@ def verdicts(results: dict[str, dict[int, dict]], settings: RegimeSettings) -> d
     a_all, seeds = paired("magic", "top20_all")
     a_sel, _ = paired("magic", "top20_selected")
     b, seeds_b = paired("random20", "top20_selected")
-    shares = [r["selected_before_answer"] for arm in ("top20_all", "top20_selected")
-              for r in results.get(arm, {}).values() if r.get("selected_before_answer") is not None]
+    top20_runs = [r for arm in ("top20_all", "top20_selected") for r in results.get(arm, {}).values()]
+    shares = [r["selected_before_answer"] for r in top20_runs if r.get("selected_before_answer") is not None]
+    in_number = [r["selected_answer_number"] for r in top20_runs if r.get("selected_answer_number") is not None]
     out[4] = {"goal": f"(a) top20_all, top20_selected − magic above −{MARGIN}; (b) top20_selected − random20 above 0",
               "verdict": {"a_all": non_inferior(a_all), "a_selected": non_inferior(a_sel), "b": above_zero(b)},
               "figures": {"a_all": _figures(a_all, seeds), "a_selected": _figures(a_sel, seeds),
                           "b": _figures(b, seeds_b),
                           "selected_before_answer": statistics.mean(shares) if shares else None,
+                          "selected_answer_number": statistics.mean(in_number) if in_number else None,
                           "mechanism": None if not shares else statistics.mean(shares) >= SELECTED_BEFORE_GOAL}}
     out[5] = claim5(results)
     return out

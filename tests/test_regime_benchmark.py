@@ -144,6 +144,12 @@ def test_verdicts_follow_the_stated_goals():
     assert v[1]["verdict"] == "met" and v[1]["figures"]["mean"] == pytest.approx((0.10 + 0.07 + 0.06 + 0.08) / 4)
     assert v[2]["verdict"] == "met"  # −0.005 on average, its interval's lower end above −0.03
     assert v[4]["verdict"] == {"a_all": "missed", "a_selected": "met", "b": "met"}
+    assert v[4]["figures"]["mechanism"] is None  # no run measured where its selected tokens fall
+    for seed, (before, in_number) in enumerate([(0.9, 0.05), (0.7, 0.2)]):
+        results["top20_all"][seed] |= {"selected_before_answer": before, "selected_answer_number": in_number}
+    figures = regime.verdicts(results, SETTINGS)[4]["figures"]
+    assert figures["selected_before_answer"] == pytest.approx(0.8) and figures["mechanism"] is True
+    assert figures["selected_answer_number"] == pytest.approx(0.125)
     assert v[3]["verdict"] == "not tested" and v[5]["verdict"] == {"a": "not tested", "b": "not tested",
                                                                    "c": "not tested"}
     pilot = {"log": [{"step": s, "entropy": 1.0 / s} for s in range(1, 61)]}  # target 0.2
