@@ -656,14 +656,16 @@ def markdown(results: dict[str, dict[int, dict]], settings: RegimeSettings, quic
     lines = [f"Regime benchmark, `python benchmarks/regime.py` ({settings.model}; word problems, {settings.steps} "
              f"steps, {settings.generation} generation{'; --quick: its numbers mean nothing' if quick else ''}):", "",
              "| arm | claim | seed | held-out AUC | start → final | s/step | last-third entropy | selected before "
-             "the answer | selected in its number | device |", "|---|---:|---:|---:|---|---:|---:|---:|---:|---|"]
+             "the answer | selected in its number | device, finished |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|---|"]
     for arm in ARMS:
         for seed, r in sorted(results.get(arm, {}).items()):
             before, in_number = r.get("selected_before_answer"), r.get("selected_answer_number")
+            where = r["device"] + (f", {r['finished']}" if r.get("finished") else "")
             lines.append(f"| {arm} | {r['claim']} | {seed} | {r['auc']:.3f} | {r['start_accuracy']:.3f} → "
                          f"{r['final_accuracy']:.3f} | {_num(r.get('seconds_per_step'), '.1f')} | "
                          f"{_num(r['train_entropy_last_third'], '.3f')} | {_num(before, '.2f')} | "
-                         f"{_num(in_number, '.2f')} | {r['device']} |")
+                         f"{_num(in_number, '.2f')} | {where} |")
     lines += ["", "| claim | goal | verdict | figures |", "|---:|---|---|---|"]
     for claim, v in verdicts(results, settings).items():
         lines.append(f"| {claim} | {v['goal']} | {v['verdict']} | `{json.dumps(v['figures'], default=_round)}` |")

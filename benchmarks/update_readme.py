@@ -80,6 +80,9 @@ BENCHMARKS = {
     "regime_probe_stop": Benchmark("benchmarks/regime_probe.py", ("--stop-at-answer-line",),
                                    ("--quick", "--stop-at-answer-line"), block="benchmarks/regime_probe.py stop",
                                    report=True),
+    # issue 50's arms: the finished runs (benchmarks/results/regime) reported from their files, with their plot
+    "regime": Benchmark("benchmarks/regime.py", ("--report-only", "--plot", "docs/regime.png"),
+                        ("--quick", "--claims", "4"), report=True),
     "rollout_correction": Benchmark("benchmarks/rollout_correction.py", (), ("--quick",)),
     "packing": Benchmark("benchmarks/packing.py", (), ("--quick",)),
     "async_generation": Benchmark("benchmarks/async_generation.py", (), ("--quick",)),
