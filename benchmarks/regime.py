@@ -44,7 +44,7 @@ The arms (`ARMS`) and the goals, stated here before any run of this script, repo
    not worse than `magic` by more than `MARGIN` AUC; (b) `top20_selected` above `random20` (interval above 0).
    Mechanism, reported per step: the share of the selected tokens before the answer tag
    (`regime/selected_before_answer`; goal ≥ 0.8 on average: the regime the claim needs), and of those after it, the
-   share in the tagged number (`regime/selected_answer_number`: the answer's own forking token, not the tag's).
+   shares in the tag's tokens and in the tagged number (`SELECTED_SHARE_KEYS`).
 5. **1-shot RLVR** in the paper's setting: no group filter (`rejection_sampling="off"`), a fixed entropy bonus
    (`ONE_SHOT_BONUS`, the 1-shot paper's 0.001), one example replicated to 128 rows, the same 60 steps (the GPU can run
    longer: `--steps`, another experiment in a folder of its own). `one_shot` trains on π₁, the training prompt of
@@ -315,24 +315,33 @@ def answer_places(tokenizer, ids: list[int]) -> AnswerPlaces | None:
 @dataclass(frozen=True)
 class SelectedPlaces:
     """Of the selected tokens of the completions with an answer tag: how many (`total`), how many before the tag
-    (`before`: the reasoning, where claim 4 needs them) and how many in the tagged number (`number`); the others are
-    the tag's own tokens and what ends the line."""
+    (`before`: the reasoning, where claim 4 needs them), in the tag's own tokens ("Answer", ":", " ": `tag`) and in
+    the tagged number (`number`); the others (`total` less those three) end the line."""
 
     before: int
+    tag: int
     number: int
     total: int
+
+
+#: Per-step shares logged by `RegimeTrainer` (over the selected tokens of the tagged completions), by place; a run's
+#: result holds each one's mean over the steps under the key's name less "regime/" (`SELECTED_SHARES`).
+SELECTED_SHARE_KEYS = {"before": "regime/selected_before_answer", "tag": "regime/selected_answer_tag",
+                       "number": "regime/selected_answer_number"}
+SELECTED_SHARES = tuple(key.removeprefix("regime/") for key in SELECTED_SHARE_KEYS.values())
 
 
 def selected_places(selected: torch.Tensor, places: list[AnswerPlaces | None]) -> SelectedPlaces:
     """Counts the selected tokens (`[b, T]` bool) of the rows with an answer tag (`places[row]`, None without one) by
     where they fall (`SelectedPlaces`)."""
-    before = number = total = 0
+    before = tag = number = total = 0
     for row, place in enumerate(places):
         if place is not None:
             total += int(selected[row].sum())
             before += int(selected[row, :place.tag].sum())
+            tag += int(selected[row, place.tag:place.number].sum())
             number += int(selected[row, place.number:place.number_end].sum())
-    return SelectedPlaces(before=before, number=number, total=total)
+    return SelectedPlaces(before=before, tag=tag, number=number, total=total)
 
 
 def random_mask(valid: torch.Tensor, count: int, generator: torch.Generator) -> torch.Tensor:
@@ -350,8 +359,8 @@ RUN_STATE_FILE = "regime_run.json"  # in each checkpoint: the benchmark's own st
 
 class RegimeTrainer(counting(OR1Trainer)):
     """`OR1Trainer` with what claim 4 measures: per step, the share of the 80/20 mask's tokens that come before the
-    answer tag (`regime/selected_before_answer`, over the tagged completions) and in the tagged number
-    (`regime/selected_answer_number`; `selected_places`), and for `random20` the mask replaced
+    answer tag, in the tag and in the tagged number (`SELECTED_SHARE_KEYS`, over the tagged completions;
+    `selected_places`), and for `random20` the mask replaced
     by as many tokens drawn uniformly among the kept ones (`random_mask`, a generator keyed by seed, step and draw).
     Each checkpoint also holds the run's own state (`RUN_STATE_FILE`: `run_state()`, the generated tokens and the
     rollouts' digests so far), so a run stopped midway resumes where it stopped (`regime_run`)."""
@@ -399,14 +408,13 @@ class RegimeTrainer(counting(OR1Trainer)):
         if self._answer_places is not None:
             counts = selected_places(selected, self._answer_places)
             if counts.total:
-                self._metrics["train"]["regime/selected_before_answer"].append(counts.before / counts.total)
-                self._metrics["train"]["regime/selected_answer_number"].append(counts.number / counts.total)
+                for place, key in SELECTED_SHARE_KEYS.items():
+                    self._metrics["train"][key].append(getattr(counts, place) / counts.total)
         return selected
 
 
 # --- One run ---------------------------------------------------------------------------------------------------------
-REGIME_LOG_KEYS = (*LOG_KEYS, "regime/selected_before_answer", "regime/selected_answer_number",
-                   "completions/stopped_ratio")
+REGIME_LOG_KEYS = (*LOG_KEYS, *SELECTED_SHARE_KEYS.values(), "completions/stopped_ratio")
 
 
 def run_dir(checkpoints_dir: str, arm: str, seed: int) -> str:
@@ -454,8 +462,8 @@ def regime_run(arm: str, seed: int, settings: RegimeSettings, url: str | None, f
     points = evaluator.points
     final = points[-2:]
     step_seconds = [e["time/step_s"] for e in log if e.get("time/step_s") is not None]
-    selected = [e["regime/selected_before_answer"] for e in log if "regime/selected_before_answer" in e]
-    in_number = [e["regime/selected_answer_number"] for e in log if "regime/selected_answer_number" in e]
+    shares = {name: [e[key] for e in log if key in e]  # the selected tokens' places, per step
+              for name, key in zip(SELECTED_SHARES, SELECTED_SHARE_KEYS.values())}
     return {
         "arm": arm, "seed": seed, "claim": ARMS[arm].claim, "settings": dataclasses.asdict(settings),
         "finished": time.strftime("%Y-%m-%d %H:%M"), "device": device_name(),
@@ -465,8 +473,7 @@ def regime_run(arm: str, seed: int, settings: RegimeSettings, url: str | None, f
         "curve": points, "log": log,
         "train_entropy_last_third": last_third_entropy(log, settings.steps),
         "entropy_target": config.entropy_target if config.use_adaptive_entropy else None,
-        "selected_before_answer": statistics.mean(selected) if selected else None,
-        "selected_answer_number": statistics.mean(in_number) if in_number else None,
+        **{name: statistics.mean(values) if values else None for name, values in shares.items()},
         "seconds_per_step": statistics.median(step_seconds) if step_seconds else None,
         "selection": selection,
         "rollout_digests": {str(k): v for k, v in getattr(trainer, "bench_digests", {}).items()},
@@ -591,14 +598,13 @@ def verdicts(results: dict[str, dict[int, dict]], settings: RegimeSettings) -> d
     a_sel, _ = paired("magic", "top20_selected")
     b, seeds_b = paired("random20", "top20_selected")
     top20_runs = [r for arm in ("top20_all", "top20_selected") for r in results.get(arm, {}).values()]
-    shares = [r["selected_before_answer"] for r in top20_runs if r.get("selected_before_answer") is not None]
-    in_number = [r["selected_answer_number"] for r in top20_runs if r.get("selected_answer_number") is not None]
+    places = {name: [r[name] for r in top20_runs if r.get(name) is not None] for name in SELECTED_SHARES}
+    shares = places["selected_before_answer"]
     out[4] = {"goal": f"(a) top20_all, top20_selected − magic above −{MARGIN}; (b) top20_selected − random20 above 0",
               "verdict": {"a_all": non_inferior(a_all), "a_selected": non_inferior(a_sel), "b": above_zero(b)},
               "figures": {"a_all": _figures(a_all, seeds), "a_selected": _figures(a_sel, seeds),
                           "b": _figures(b, seeds_b),
-                          "selected_before_answer": statistics.mean(shares) if shares else None,
-                          "selected_answer_number": statistics.mean(in_number) if in_number else None,
+                          **{name: statistics.mean(values) if values else None for name, values in places.items()},
                           "mechanism": None if not shares else statistics.mean(shares) >= SELECTED_BEFORE_GOAL}}
     out[5] = claim5(results)
     return out
@@ -655,17 +661,16 @@ def markdown(results: dict[str, dict[int, dict]], settings: RegimeSettings, quic
     figure; then each claim's goal and verdict with every seed's values."""
     lines = [f"Regime benchmark, `python benchmarks/regime.py` ({settings.model}; word problems, {settings.steps} "
              f"steps, {settings.generation} generation{'; --quick: its numbers mean nothing' if quick else ''}):", "",
-             "| arm | claim | seed | held-out AUC | start → final | s/step | last-third entropy | selected before "
-             "the answer | selected in its number | device, finished |",
-             "|---|---:|---:|---:|---|---:|---:|---:|---:|---|"]
+             "| arm | claim | seed | held-out AUC | start → final | s/step | last-third entropy | selected: before "
+             "the answer | in its tag | in its number | device, finished |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|"]
     for arm in ARMS:
         for seed, r in sorted(results.get(arm, {}).items()):
-            before, in_number = r.get("selected_before_answer"), r.get("selected_answer_number")
+            shares = " | ".join(_num(r.get(name), ".2f") for name in SELECTED_SHARES)
             where = r["device"] + (f", {r['finished']}" if r.get("finished") else "")
             lines.append(f"| {arm} | {r['claim']} | {seed} | {r['auc']:.3f} | {r['start_accuracy']:.3f} → "
                          f"{r['final_accuracy']:.3f} | {_num(r.get('seconds_per_step'), '.1f')} | "
-                         f"{_num(r['train_entropy_last_third'], '.3f')} | {_num(before, '.2f')} | "
-                         f"{_num(in_number, '.2f')} | {where} |")
+                         f"{_num(r['train_entropy_last_third'], '.3f')} | {shares} | {where} |")
     lines += ["", "| claim | goal | verdict | figures |", "|---:|---|---|---|"]
     for claim, v in verdicts(results, settings).items():
         lines.append(f"| {claim} | {v['goal']} | {v['verdict']} | `{json.dumps(v['figures'], default=_round)}` |")

@@ -77,11 +77,12 @@ def test_the_entropy_target_comes_from_the_pilot():
     assert regime.entropy_target_from_pilot({"log": falls}, SETTINGS)["target"] == 0.2
 
 
-def test_selected_places_counts_the_tagged_rows_only_before_the_tag_and_in_the_number():
+def test_selected_places_counts_the_tagged_rows_only_before_the_tag_in_it_and_in_the_number():
     selected = torch.tensor([[1, 0, 1, 1, 0], [1, 1, 0, 0, 0], [0, 1, 1, 1, 1]], dtype=torch.bool)
     places = [regime.AnswerPlaces(tag=2, number=3, number_end=4), None,
               regime.AnswerPlaces(tag=1, number=2, number_end=4)]
-    assert regime.selected_places(selected, places) == regime.SelectedPlaces(before=1 + 0, number=1 + 2, total=3 + 4)
+    assert regime.selected_places(selected, places) == regime.SelectedPlaces(before=1 + 0, tag=1 + 1, number=1 + 2,
+                                                                             total=3 + 4)
 
 
 def test_answer_places_are_the_tokens_of_the_tag_and_of_its_number():
@@ -131,7 +132,7 @@ def test_the_judge_reads_a_held_out_sample_up_to_its_answer_line():
 
 def _result(arm, seed, auc, claim=1, **extra):
     return {"arm": arm, "seed": seed, "claim": claim, "auc": auc, "start_accuracy": 0.1,
-            "final_accuracy": 0.1 + auc, "train_entropy_last_third": float("nan"), **extra}
+            "final_accuracy": 0.1 + auc, "train_entropy_last_third": float("nan"), "device": "2 CPUs", **extra}
 
 
 def test_verdicts_follow_the_stated_goals():
@@ -145,11 +146,17 @@ def test_verdicts_follow_the_stated_goals():
     assert v[2]["verdict"] == "met"  # −0.005 on average, its interval's lower end above −0.03
     assert v[4]["verdict"] == {"a_all": "missed", "a_selected": "met", "b": "met"}
     assert v[4]["figures"]["mechanism"] is None  # no run measured where its selected tokens fall
-    for seed, (before, in_number) in enumerate([(0.9, 0.05), (0.7, 0.2)]):
-        results["top20_all"][seed] |= {"selected_before_answer": before, "selected_answer_number": in_number}
+    for seed, (before, in_tag, in_number) in enumerate([(0.9, 0.01, 0.05), (0.7, 0.05, 0.2)]):
+        results["top20_all"][seed] |= {"selected_before_answer": before, "selected_answer_tag": in_tag,
+                                       "selected_answer_number": in_number}
     figures = regime.verdicts(results, SETTINGS)[4]["figures"]
     assert figures["selected_before_answer"] == pytest.approx(0.8) and figures["mechanism"] is True
+    assert figures["selected_answer_tag"] == pytest.approx(0.03)
     assert figures["selected_answer_number"] == pytest.approx(0.125)
+    results["top20_all"][1]["finished"] = "2026-11-30 01:59"
+    rows = regime.markdown(results, SETTINGS, quick=False).splitlines()
+    assert ("| top20_all | 1 | 1 | 0.200 | 0.100 → 0.300 | — | — | 0.70 | 0.05 | 0.20 | 2 CPUs, 2026-11-30 01:59 |"
+            in rows)  # no step times, no entropy measured: dashes
     assert v[3]["verdict"] == "not tested" and v[5]["verdict"] == {"a": "not tested", "b": "not tested",
                                                                    "c": "not tested"}
     pilot = {"log": [{"step": s, "entropy": 1.0 / s} for s in range(1, 61)]}  # target 0.2
@@ -313,8 +320,8 @@ def test_the_trainer_swaps_in_the_random_mask_and_logs_the_selected_share(tmp_pa
         assert int(used.sum()) == int(trl_mask.sum()) and not (used & ~valid).any()
     assert any(not torch.equal(trl_mask, used) for trl_mask, used, _ in seen)
     counts = [c for c in (regime.selected_places(used, [place] * len(used)) for _, used, _ in seen) if c.total]
-    for key, share in (("regime/selected_before_answer", [c.before / c.total for c in counts]),
-                       ("regime/selected_answer_number", [c.number / c.total for c in counts])):
+    for place, key in regime.SELECTED_SHARE_KEYS.items():
+        share = [getattr(c, place) / c.total for c in counts]
         logged = [e[key] for e in trainer.state.log_history if key in e]
         assert logged == [pytest.approx(sum(share) / len(share))]
 
