@@ -57,9 +57,10 @@ The arms (`ARMS`) and the goals, stated here before any run of this script, repo
 
 Where it runs. A step here generates 32 completions of up to 128 tokens and trains on them: on a 2-CPU machine with
 AVX2 only, 65–113 s a step and about 6 min for a step with its held-out evaluation (measured: the first 10 steps
-of `top20_all`, seed 0, on the fp32 CPU server), so one 60-step run takes about 2 hours, and the issue's 3 hours of
-CPU buy one or two. The CPU therefore decides none of the learning claims (each needs ≥ 4 seed pairs); it can run
-the mechanism checks (claim 4's selected share from one `top20_all` run, claim 3's pilot). The claims are for a GPU:
+of `top20_all`, seed 0, on the fp32 CPU server), so one 60-step run takes about 2 hours (74 minutes on a 2-CPU Intel
+Xeon with AVX-512: the whole `top20_all` run, seed 0), and the issue's 3 hours of CPU buy one or two. The CPU
+therefore decides none of the learning claims (each needs ≥ 4 seed pairs); it can run the mechanism checks (claim 4's
+selected share from one `top20_all` run, claim 3's pilot). The claims are for a GPU:
 `scripts/gpu_regime.sh` runs a claim's arms × seeds as parallel processes (≤ 8 at once) with HF `generate` (paired by
 the HF path's counter-based sampler), fp32, results in `benchmarks/results/regime-hf/` (the two backends never mix).
 Each run prints a line a step (`or1_trl.trainer.step_printer`: reward, entropy, the step's seconds, elapsed and ETA)
