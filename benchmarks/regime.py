@@ -301,16 +301,18 @@ class AnswerPlaces:
 
 def answer_places(tokenizer, ids: list[int]) -> AnswerPlaces | None:
     """`AnswerPlaces` of the completion `ids` (None without an answer tag), from the characters of the decoded text
-    (`answer_offset`, `answer_number_span`) mapped to the tokens that hold them (`regime_probe.answer_token`)."""
+    (`answer_offset`, `answer_number_span`) mapped to the tokens that hold them (the regime probe's rule,
+    `regime_probe.token_at`, over one pass of prefix decodes)."""
     text = tokenizer.decode(ids, skip_special_tokens=True)
     offset, span = answer_offset(text), answer_number_span(text)
     if offset is None:
         return None
-    tag = regime_probe.answer_token(tokenizer, ids, offset)
+    ends = regime_probe.text_ends(tokenizer, ids)  # [T]
+    tag = regime_probe.token_at(ends, offset)
     if span is None or span[0] < offset:  # the last tag has no number
         return AnswerPlaces(tag=tag, number=tag, number_end=tag)
-    return AnswerPlaces(tag=tag, number=regime_probe.answer_token(tokenizer, ids, span[0]),
-                        number_end=regime_probe.answer_token(tokenizer, ids, span[1] - 1) + 1)
+    return AnswerPlaces(tag=tag, number=regime_probe.token_at(ends, span[0]),
+                        number_end=regime_probe.token_at(ends, span[1] - 1) + 1)
 
 
 @dataclass(frozen=True)

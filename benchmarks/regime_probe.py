@@ -45,15 +45,20 @@ RESULTS = os.path.join(HERE, "results", "regime_probe")
 TOP_QUANTILE = 0.2  # the 80/20 rule's share of tokens
 
 
+def text_ends(tokenizer, ids: list[int]) -> list[int]:
+    """Per token of `ids`, the length of the text decoded up to and including it (special tokens skipped)."""
+    return [len(tokenizer.decode(ids[: k + 1], skip_special_tokens=True)) for k in range(len(ids))]
+
+
+def token_at(ends: list[int], offset: int) -> int:
+    """The index of the token in which the character at `offset` lies (`len(ends)` past the text), from `text_ends`."""
+    return next((k for k, end in enumerate(ends) if end > offset), len(ends))
+
+
 def answer_token(tokenizer, ids: list[int], offset: int | None) -> int:
     """The index of the completion token in which the answer tag starts (`len(ids)` without a tag): the tokens
     before it are the reasoning."""
-    if offset is None:
-        return len(ids)
-    for k in range(len(ids)):
-        if len(tokenizer.decode(ids[: k + 1], skip_special_tokens=True)) > offset:
-            return k
-    return len(ids)
+    return len(ids) if offset is None else token_at(text_ends(tokenizer, ids), offset)
 
 
 def text_after_answer(text: str) -> str:
